@@ -1,0 +1,236 @@
+"""Drafter and target configs: the config.json contract of DESIGN.md, read strictly, written losslessly."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from drafter.errors import BadInput
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+
+# Keys the drafter cannot be built without (DESIGN.md, checkpoint format).
+REQUIRED_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+    "draft_vocab_size",
+)
+# Keys modelled as fields; everything else in config.json rides along in `extra`.
+_KNOWN = {
+    "architectures",
+    *REQUIRED_KEYS,
+    "head_dim",
+    "rms_norm_eps",
+    "rope_theta",
+    "max_position_embeddings",
+    "bos_token_id",
+    "eos_token_id",
+    "torch_dtype",
+    "eagle_config",
+    "target_hidden_size",
+}
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """Read a JSON object, naming the file in any error."""
+    path = Path(path)
+    if not path.is_file():
+        raise BadInput(f"{path}: file not found")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise BadInput(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _int(raw: dict[str, Any], key: str, where: str) -> int:
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise BadInput(f"{where}: field '{key}' must be a positive integer, got {value!r}")
+    return value
+
+
+@dataclass
+class DrafterConfig:
+    """An EAGLE-3 drafter's config.json (SGLang/vLLM `LlamaForCausalLMEagle3`)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    draft_vocab_size: int
+    aux_layer_ids: list[int]
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    torch_dtype: str = "bfloat16"
+    target_hidden_size: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        # eagle_config's other keys ride in `extra`; the layer ids live in their own field
+        eagle = dict(self.extra.get("eagle_config") or {})
+        eagle.pop("eagle_aux_hidden_state_layer_ids", None)
+        eagle.setdefault("use_aux_hidden_state", True)
+        self.extra = {**self.extra, "eagle_config": eagle}
+
+    @property
+    def target_hidden(self) -> int:
+        """Hidden size of the target whose states feed `fc` (3 of them side by side)."""
+        return self.target_hidden_size or self.hidden_size
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], where: str = "config.json") -> DrafterConfig:
+        missing = [k for k in REQUIRED_KEYS if k not in raw]
+        if missing:
+            raise BadInput(f"{where}: missing required field(s) {', '.join(missing)}")
+        ints = {k: _int(raw, k, where) for k in REQUIRED_KEYS}
+        eagle = raw.get("eagle_config") or {}
+        layers = eagle.get("eagle_aux_hidden_state_layer_ids")
+        if layers is None:
+            raise BadInput(f"{where}: missing field 'eagle_config.eagle_aux_hidden_state_layer_ids'")
+        if (
+            not isinstance(layers, list)
+            or len(layers) != 3
+            or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers)
+        ):
+            raise BadInput(
+                f"{where}: 'eagle_config.eagle_aux_hidden_state_layer_ids' must be 3 layer ids >= 0, got {layers!r}"
+            )
+        if ints["draft_vocab_size"] > ints["vocab_size"]:
+            raise BadInput(
+                f"{where}: draft_vocab_size {ints['draft_vocab_size']} exceeds vocab_size {ints['vocab_size']}"
+            )
+        head_dim = raw.get("head_dim")
+        if head_dim is not None:
+            head_dim = _int(raw, "head_dim", where)
+        elif ints["hidden_size"] % ints["num_attention_heads"]:
+            raise BadInput(f"{where}: no 'head_dim' and hidden_size is not divisible by num_attention_heads")
+        if ints["num_attention_heads"] % ints["num_key_value_heads"]:
+            raise BadInput(f"{where}: num_attention_heads must be a multiple of num_key_value_heads")
+        target_hidden = raw.get("target_hidden_size")
+        if target_hidden is not None:
+            target_hidden = _int(raw, "target_hidden_size", where)
+        return cls(
+            **ints,
+            aux_layer_ids=list(layers),
+            head_dim=head_dim,
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(raw.get("rope_theta", 10000.0)),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_id=raw.get("eos_token_id"),
+            torch_dtype=str(raw.get("torch_dtype", "bfloat16")),
+            target_hidden_size=target_hidden,
+            extra={k: v for k, v in raw.items() if k not in _KNOWN or k == "eagle_config"},
+        )
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> DrafterConfig:
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        return cls.from_dict(read_json(path), where=str(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        """config.json content; keys this class does not model come back as they were read."""
+        out: dict[str, Any] = {"architectures": [ARCHITECTURE]}
+        extra = dict(self.extra)
+        eagle = dict(extra.pop("eagle_config", {}) or {})
+        eagle["eagle_aux_hidden_state_layer_ids"] = list(self.aux_layer_ids)
+        eagle.setdefault("use_aux_hidden_state", True)
+        out["eagle_config"] = eagle
+        out.update(
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+            max_position_embeddings=self.max_position_embeddings,
+            vocab_size=self.vocab_size,
+            draft_vocab_size=self.draft_vocab_size,
+            bos_token_id=self.bos_token_id,
+            eos_token_id=self.eos_token_id,
+            torch_dtype=self.torch_dtype,
+        )
+        if self.target_hidden_size and self.target_hidden_size != self.hidden_size:
+            out["target_hidden_size"] = self.target_hidden_size
+        out.update(extra)
+        return out
+
+    def save(self, folder: str | Path) -> Path:
+        path = Path(folder) / "config.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+
+@dataclass
+class TargetConfig:
+    """The facts about a target model a drafter depends on, unwrapped from multimodal wrappers."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    vocab_size: int
+    bos_token_id: int | None
+    eos_token_id: int | list[int] | None
+    model_type: str
+    weight_prefix: str  # "" for flat models, "language_model." for Kimi-K2.5-style wrappers
+    text_config: dict[str, Any]
+    raw: dict[str, Any]
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], where: str = "config.json") -> TargetConfig:
+        text = raw.get("text_config")
+        wrapped = isinstance(text, dict)
+        inner = text if wrapped else raw
+        scope = f"{where} (text_config)" if wrapped else where
+        for key in ("hidden_size", "num_hidden_layers", "vocab_size"):
+            if key not in inner:
+                raise BadInput(f"{scope}: missing required field '{key}'")
+            _int(inner, key, scope)
+
+        def pick(key: str) -> Any:
+            return inner.get(key, raw.get(key))
+
+        return cls(
+            hidden_size=inner["hidden_size"],
+            num_hidden_layers=inner["num_hidden_layers"],
+            vocab_size=inner["vocab_size"],
+            bos_token_id=pick("bos_token_id"),
+            eos_token_id=pick("eos_token_id"),
+            model_type=str(inner.get("model_type", raw.get("model_type", "?"))),
+            weight_prefix="language_model." if wrapped else "",
+            text_config=dict(inner),
+            raw=raw,
+        )
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> TargetConfig:
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        return cls.from_dict(read_json(path), where=str(path))
+
+    @property
+    def embedding_name(self) -> str:
+        return f"{self.weight_prefix}model.embed_tokens.weight"
+
+    @property
+    def lm_head_name(self) -> str:
+        return f"{self.weight_prefix}lm_head.weight"

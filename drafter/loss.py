@@ -1,0 +1,117 @@
+"""TTT loss and acceptance metrics for EAGLE-3 training and offline evaluation.
+
+Targets come from the target model: its logits restricted to the draft vocabulary (softmax over the
+t2d rows), and its full-vocab argmax. Step j at drafter position t is scored against the target at
+position t+j+1; `pred_mask[p]` says whether the target's prediction at p is a training target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def pred_mask_from_loss_mask(loss_mask: torch.Tensor) -> torch.Tensor:
+    """loss_mask[p] marks assistant token p; the prediction made at p-1 is what is trained."""
+    out = torch.zeros_like(loss_mask, dtype=torch.bool)
+    out[..., :-1] = loss_mask[..., 1:].bool()
+    return out
+
+
+@dataclass
+class StepStats:
+    """Counts per TTT step, summable across batches."""
+
+    correct: torch.Tensor  # [L] positions where the draft argmax equals the target argmax
+    total: torch.Tensor  # [L] valid positions
+    chain_correct: torch.Tensor  # [L] positions where steps 0..j are all correct
+    chain_total: torch.Tensor  # [L] positions where steps 0..j-1 are all correct (and j valid)
+
+    def __add__(self, other: StepStats) -> StepStats:
+        return StepStats(*(a + b for a, b in zip(self.astuple(), other.astuple(), strict=True)))
+
+    def astuple(self) -> tuple[torch.Tensor, ...]:
+        return (self.correct, self.total, self.chain_correct, self.chain_total)
+
+    @property
+    def accuracy(self) -> list[float]:
+        """Unconditional per-step accuracy (teacher forced)."""
+        return (self.correct / self.total.clamp(min=1)).tolist()
+
+    @property
+    def conditional_acceptance(self) -> list[float]:
+        """acc_pos_<i>: P(step i correct | steps < i correct)."""
+        return (self.chain_correct / self.chain_total.clamp(min=1)).tolist()
+
+    @property
+    def sim_accept_len(self) -> float:
+        """1 + sum_i prod_{j<=i} acc_j: expected tokens per verify cycle, bonus token included."""
+        return simulated_accept_len(self.conditional_acceptance)
+
+
+def simulated_accept_len(cond_acc: list[float]) -> float:
+    total, prod = 1.0, 1.0
+    for a in cond_acc:
+        prod *= a
+        total += prod
+    return total
+
+
+def target_draft_logits(last_hidden: torch.Tensor, head_rows: torch.Tensor) -> torch.Tensor:
+    """Target logits over the draft vocabulary: last_hidden @ lm_head[t2d].T (fp32)."""
+    return last_hidden.float() @ head_rows.float().T
+
+
+def ttt_loss(
+    step_logits: list[torch.Tensor],
+    target_logits_d: torch.Tensor,
+    target_token: torch.Tensor,
+    pred_mask: torch.Tensor,
+    t2d: torch.Tensor,
+    d2t: torch.Tensor,
+    decay: float = 0.8,
+) -> tuple[torch.Tensor, list[torch.Tensor], StepStats]:
+    """Soft cross-entropy per step, weighted decay**j; positions whose target argmax lies outside
+    the draft vocabulary are masked (the drafter cannot propose it).
+
+    step_logits[j]: [B, T, Vd]; target_logits_d: [B, T, Vd]; target_token: [B, T] target ids;
+    pred_mask: [B, T] bool. Returns (loss, per-step losses, counts).
+    """
+    b, t = target_token.shape
+    valid_all = pred_mask.bool() & t2d[target_token.long()]
+    target_probs = torch.softmax(target_logits_d.float(), dim=-1)
+    n_steps = len(step_logits)
+    loss = target_logits_d.new_zeros((), dtype=torch.float32)
+    step_losses = []
+    correct, total, chain_correct, chain_total = (torch.zeros(n_steps, dtype=torch.float64) for _ in range(4))
+    alive = torch.ones(b, t, dtype=torch.bool, device=target_token.device)  # chain still correct
+    for j, logits in enumerate(step_logits):
+        shift = j + 1
+        n = t - shift
+        valid = torch.zeros(b, t, dtype=torch.bool, device=target_token.device)
+        if n > 0:
+            valid[:, :n] = valid_all[:, shift:]
+        logp = F.log_softmax(logits.float(), dim=-1)
+        if n > 0:
+            ce = -(target_probs[:, shift:] * logp[:, :n]).sum(-1)  # [B, n]
+            m = valid[:, :n].float()
+            step_loss = (ce * m).sum() / m.sum().clamp(min=1.0)
+        else:
+            step_loss = logp.sum() * 0.0
+        step_losses.append(step_loss)
+        loss = loss + (decay**j) * step_loss
+        with torch.no_grad():
+            hit = torch.zeros(b, t, dtype=torch.bool, device=target_token.device)
+            if n > 0:
+                draft = logits[:, :n].argmax(-1)
+                hit[:, :n] = (draft + d2t[draft]) == target_token[:, shift:].long()
+            hit &= valid
+            correct[j] = hit.sum()
+            total[j] = valid.sum()
+            considered = alive & valid
+            chain_total[j] = considered.sum()
+            alive = considered & hit
+            chain_correct[j] = alive.sum()
+    return loss, step_losses, StepStats(correct, total, chain_correct, chain_total)

@@ -1,0 +1,305 @@
+"""Eagle3Drafter: the EAGLE-3 draft head with SGLang/SpecForge parameter names.
+
+One decoder layer ("midlayer") reads concat(input_layernorm(embed(token)), hidden_norm(hidden)),
+where `hidden` is fc(three target aux states) at the first step and the drafter's own pre-norm output
+afterwards. Training unrolls `ttt_length` steps (test-time training); decoding proposes k tokens from
+a KV cache. Both share one attention rule, so what is trained is what is served:
+
+- drafter position t holds (token x[t+1], target features at t) at RoPE position t;
+- step j at position t stands at sequence position t + j and sees the step-0 keys of positions <= t
+  plus its own chain's keys of steps 1..j (the "diagonal" of the TTT mask).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from drafter.config import DrafterConfig
+
+
+class RMSNorm(nn.Module):
+    """Llama RMSNorm, computed in float32 for bf16 stability."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Rotary(nn.Module):
+    """RoPE angles for arbitrary (not necessarily contiguous) positions."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = positions.float()[..., None] * self.inv_freq  # [..., T, d/2]
+        emb = torch.cat((angles, angles), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, heads, T, d]; cos/sin: [B or 1, T, d]."""
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.q_proj = nn.Linear(2 * h, self.n_heads * d, bias=False)
+        self.k_proj = nn.Linear(2 * h, self.n_kv * d, bias=False)
+        self.v_proj = nn.Linear(2 * h, self.n_kv * d, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * d, h, bias=False)
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def expand_kv(self, x: torch.Tensor) -> torch.Tensor:
+        """GQA: repeat kv heads to match query heads."""
+        rep = self.n_heads // self.n_kv
+        return x if rep == 1 else x.repeat_interleave(rep, dim=1)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MidLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def attn_input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+
+    def finish(self, attn_out: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Residual + MLP, as SGLang's Eagle-3 layer: the residual stream starts at `hidden`."""
+        x = hidden + self.self_attn.o_proj(attn_out)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+@dataclass
+class DraftCache:
+    """Step-0 keys/values of the positions the drafter has seen, for decoding (batch of one)."""
+
+    keys: torch.Tensor | None = None  # [1, kv_heads, S, d]
+    values: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def crop(self, length: int) -> None:
+        if self.keys is not None:
+            self.keys = self.keys[:, :, :length]
+            self.values = self.values[:, :, :length]
+
+
+class Eagle3Drafter(nn.Module):
+    """EAGLE-3 drafter. Parameter and buffer names match SGLang's `LlamaForCausalLMEagle3` files."""
+
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)  # a frozen copy of the target's
+        self.fc = nn.Linear(3 * cfg.target_hidden, cfg.hidden_size, bias=False)
+        self.midlayer = MidLayer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+
+    # ------------------------------------------------------------------ helpers
+    def init_weights(self, seed: int = 0, std: float = 0.02) -> None:
+        """Random init for training from scratch (never used when loading a checkpoint)."""
+        gen = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name == "embed_tokens.weight":
+                continue
+            with torch.no_grad():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                else:
+                    p.copy_(torch.randn(p.shape, generator=gen) * std)
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden))
+
+    # ------------------------------------------------------------------ training (TTT)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        aux_hidden: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        ttt_length: int = 1,
+        noise_std: float = 0.0,
+    ) -> list[torch.Tensor]:
+        """Unrolled TTT forward; returns draft-vocab logits [B, T, Vd] for each step.
+
+        input_ids[b, t] is token t of the sample, aux_hidden[b, t] the target's aux features at t.
+        Step j at position t embeds token t+j+1 (teacher forced) and predicts the target's
+        distribution at position t+j+1; padding (attention_mask 0) is never attended to.
+        """
+        b, t = input_ids.shape
+        dtype = self.fc.weight.dtype
+        if noise_std > 0:
+            aux_hidden = aux_hidden + noise_std * torch.randn_like(aux_hidden)
+        hidden = self.fc(aux_hidden.to(dtype))
+        pos = torch.arange(t, device=input_ids.device)[None].expand(b, t)
+        key_ok = torch.ones(b, t, dtype=torch.bool, device=input_ids.device)
+        if attention_mask is not None:
+            key_ok = attention_mask.bool()
+        causal = torch.tril(torch.ones(t, t, dtype=torch.bool, device=input_ids.device))
+        allowed0 = causal[None] & key_ok[:, None, :]  # [B, Tq, Tk]
+        attn = self.midlayer.self_attn
+        scale = 1.0 / math.sqrt(attn.head_dim)
+        keys0 = values0 = None
+        diag_k: list[torch.Tensor] = []
+        diag_v: list[torch.Tensor] = []
+        outs = []
+        for j in range(ttt_length):
+            ids = F.pad(input_ids[:, j + 1 :], (0, j + 1), value=0)
+            x = self.midlayer.attn_input(self.embed_tokens(ids).to(dtype), hidden)
+            cos, sin = self.rotary(pos + j, dtype)
+            q, k, v = attn.qkv(x, cos, sin)
+            if j == 0:
+                keys0, values0 = attn.expand_kv(k), attn.expand_kv(v)
+            else:
+                diag_k.append(attn.expand_kv(k))
+                diag_v.append(attn.expand_kv(v))
+            scores = torch.matmul(q, keys0.transpose(-1, -2)) * scale  # [B, h, T, T]
+            scores = scores.masked_fill(~allowed0[:, None], torch.finfo(scores.dtype).min)
+            diag = [(q * dk).sum(-1, keepdim=True) * scale for dk in diag_k]  # each [B, h, T, 1]
+            probs = torch.softmax(torch.cat([scores, *diag], dim=-1).float(), dim=-1).to(q.dtype)
+            out = torch.matmul(probs[..., :t], values0)
+            for i, dv in enumerate(diag_v):
+                out = out + probs[..., t + i : t + i + 1] * dv
+            out = out.transpose(1, 2).reshape(b, t, -1)
+            hidden = self.midlayer.finish(out, hidden)
+            outs.append(self.logits(hidden))
+        return outs
+
+    # ------------------------------------------------------------------ decoding
+    def _step(
+        self,
+        token_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        cache: DraftCache,
+        extra_k: list[torch.Tensor],
+        extra_v: list[torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One layer pass for new positions (batch of one); returns (new hidden, k, v)."""
+        dtype = self.fc.weight.dtype
+        attn = self.midlayer.self_attn
+        x = self.midlayer.attn_input(self.embed_tokens(token_ids).to(dtype), hidden)
+        cos, sin = self.rotary(positions[None], dtype)
+        q, k, v = attn.qkv(x, cos, sin)
+        past_k = [cache.keys] if cache.keys is not None else []
+        past_v = [cache.values] if cache.values is not None else []
+        keys = torch.cat([*past_k, *extra_k, k], dim=2)
+        values = torch.cat([*past_v, *extra_v, v], dim=2)
+        n_new, n_keys = q.shape[2], keys.shape[2]
+        # causal over everything before, including the new block itself
+        mask = torch.ones(n_new, n_keys, dtype=torch.bool, device=q.device).tril(n_keys - n_new)
+        out = F.scaled_dot_product_attention(
+            q, attn.expand_kv(keys), attn.expand_kv(values), attn_mask=mask[None, None]
+        )
+        out = out.transpose(1, 2).reshape(1, n_new, -1)
+        return self.midlayer.finish(out, hidden), k, v
+
+    @torch.no_grad()
+    def extend(self, cache: DraftCache, next_ids: torch.Tensor, aux_hidden: torch.Tensor) -> torch.Tensor:
+        """Add positions to the cache: next_ids[i] is the token after the one aux_hidden[i] belongs to.
+
+        Returns the drafter's pre-norm hidden state at the new positions [1, n, H].
+        """
+        start = cache.length
+        positions = torch.arange(start, start + next_ids.shape[-1], device=next_ids.device)
+        hidden = self.fc(aux_hidden.to(self.fc.weight.dtype).reshape(1, -1, self.fc.in_features))
+        out, k, v = self._step(next_ids.reshape(1, -1), hidden, positions, cache, [], [])
+        cache.keys = k if cache.keys is None else torch.cat([cache.keys, k], dim=2)
+        cache.values = v if cache.values is None else torch.cat([cache.values, v], dim=2)
+        return out
+
+    @torch.no_grad()
+    def propose(
+        self,
+        cache: DraftCache,
+        last_hidden: torch.Tensor,
+        k: int,
+        temperature: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Propose k target-vocab tokens after the cache's last position.
+
+        last_hidden is `extend`'s output at the last position ([1, 1, H]). Returns the token ids [k]
+        and the draft distributions over the target vocab [k, V] (for lossless rejection sampling).
+        Draft keys never enter the cache: the next `extend` rewrites those positions with target
+        features.
+        """
+        tokens, dists = [], []
+        hidden = last_hidden[:, -1:]
+        extra_k: list[torch.Tensor] = []
+        extra_v: list[torch.Tensor] = []
+        base = cache.length - 1
+        for j in range(k):
+            logits = self.logits(hidden)[0, -1].float()
+            if temperature > 0:
+                probs_d = torch.softmax(logits / temperature, dim=-1)
+                draft = torch.multinomial(probs_d, 1, generator=generator)[0]
+            else:
+                probs_d = F.one_hot(logits.argmax(), logits.shape[-1]).float()
+                draft = logits.argmax()
+            full = torch.zeros(self.config.vocab_size, dtype=torch.float32, device=logits.device)
+            full[self.t2d] = probs_d  # draft ids are the true entries of t2d, in order
+            token = self.draft_to_target(draft)
+            tokens.append(token)
+            dists.append(full)
+            if j == k - 1:
+                break
+            positions = torch.tensor([base + j + 1], device=logits.device)
+            hidden, kk, vv = self._step(token.view(1, 1), hidden, positions, cache, extra_k, extra_v)
+            extra_k.append(kk)
+            extra_v.append(vv)
+        return torch.stack(tokens), torch.stack(dists)

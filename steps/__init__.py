@@ -1,0 +1,1 @@
+"""Entry points: one thin module per MLproject entry point (`python -m steps.<name> --<param> v`)."""

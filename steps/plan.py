@@ -1,0 +1,93 @@
+"""`plan`: break-even and required-acceptance table for a deployment profile. No model needed."""
+
+from __future__ import annotations
+
+import argparse
+
+from drafter.cost import Profile, break_even_accept_len, load_profile, plan_table
+from drafter.errors import BadInput
+from steps._cli import parser, run_step, step_run
+
+DEFAULT_TPS = "82,100,150,200"
+
+
+def build() -> argparse.ArgumentParser:
+    p = parser("plan", __doc__)
+    p.add_argument("--profile", default="kimi-k2.5-8xrtxpro6000", help="profile name or YAML path")
+    p.add_argument("--tps", default=DEFAULT_TPS, help="comma-separated target speeds (tok/s)")
+    p.add_argument("--draft_steps", default="", help="override the profile's draft steps (k)")
+    p.add_argument("--no-mlflow", dest="mlflow", action="store_false", help="print only, log nothing")
+    return p
+
+
+def parse_tps(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in str(text).replace(" ", "").strip("[]").split(",") if x]
+    except ValueError:
+        raise BadInput(f"--tps must be comma-separated numbers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise BadInput(f"--tps must hold positive numbers, got {text!r}")
+    return values
+
+
+def table_frame(profile: Profile, tps: list[float]):
+    import pandas as pd
+
+    k = profile.draft_steps
+    rows = plan_table(profile, tps)
+    return pd.DataFrame(
+        {
+            "target_tps": [r.target_tps for r in rows],
+            "required_accept_len": [round(r.required_accept_len, 3) for r in rows],
+            "acc_unbounded": [round(r.acc_unbounded, 4) for r in rows],
+            f"acc_{k}_steps": [round(r.acc_k_steps, 4) if r.acc_k_steps is not None else None for r in rows],
+            "note": ["" if r.acc_k_steps is not None else f"unreachable with {k} steps (max {k + 1})" for r in rows],
+        }
+    )
+
+
+def render(profile: Profile, tps: list[float]) -> str:
+    k = profile.draft_steps
+    lines = [
+        f"profile {profile.name}: baseline {profile.baseline_tps:g} tok/s, cycle {profile.cycle_ms:g} ms "
+        f"({k} draft steps); break-even accept_len {break_even_accept_len(profile):.2f}",
+        "",
+        f"| target tok/s | required accept_len | cond. acceptance (unbounded) | cond. acceptance ({k} steps) |",
+        "|---:|---:|---:|---:|",
+    ]
+    for r in plan_table(profile, tps):
+        kcol = f"{r.acc_k_steps:.0%}" if r.acc_k_steps is not None else f"unreachable with {k} steps"
+        lines.append(f"| {r.target_tps:g} | {r.required_accept_len:.2f} | {r.acc_unbounded:.0%} | {kcol} |")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    profile = load_profile(args.profile)
+    if args.draft_steps not in ("", None):
+        try:
+            k = int(args.draft_steps)
+        except ValueError:
+            raise BadInput(f"--draft_steps must be an integer, got {args.draft_steps!r}") from None
+        if k < 1:
+            raise BadInput(f"--draft_steps must be >= 1, got {k}")
+        profile = profile.with_draft_steps(k)
+    tps = parse_tps(args.tps)
+    text = render(profile, tps)
+    print(text)
+    if args.mlflow:
+        import mlflow
+
+        with step_run("plan"):
+            mlflow.log_params({"profile": profile.name, "draft_steps": profile.draft_steps, "tps": args.tps})
+            mlflow.log_metric("break_even_accept_len", break_even_accept_len(profile))
+            mlflow.log_table(table_frame(profile, tps), artifact_file="plan_table.json")
+            mlflow.log_text(text + "\n", "plan.md")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_step("plan", build, run, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""Shared fixtures: tiny drafters written by the tests themselves (no downloads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.sparse import write_sparse_safetensors
+from drafter.config import DrafterConfig
+from drafter.model import Eagle3Drafter
+from drafter.vocab import build_vocab_maps
+
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
+
+
+def tiny_config(**overrides) -> DrafterConfig:
+    values = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        vocab_size=96,
+        draft_vocab_size=48,
+        aux_layer_ids=[0, 2, 3],
+        rope_theta=10000.0,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    values.update(overrides)
+    return DrafterConfig(**values)
+
+
+def tiny_drafter(seed: int = 0, **overrides) -> Eagle3Drafter:
+    cfg = tiny_config(**overrides)
+    model = Eagle3Drafter(cfg)
+    model.init_weights(seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(torch.randn(cfg.vocab_size, cfg.hidden_size, generator=gen) * 0.5)
+    counts = torch.rand(cfg.vocab_size, generator=gen)
+    d2t, t2d = build_vocab_maps(counts, cfg.draft_vocab_size)
+    model.d2t.copy_(d2t)
+    model.t2d.copy_(t2d)
+    model.has_embedding = True
+    return model
+
+
+@pytest.fixture
+def drafter_factory():
+    return tiny_drafter
+
+
+def k2_drafter_tensors() -> dict[str, tuple[str, list[int]]]:
+    """The real AQ-MedAI Kimi-K2 drafter's tensors (../shared/reference), without embed_tokens."""
+    m = "midlayer."
+    return {
+        "fc.weight": ("BF16", [7168, 21504]),
+        f"{m}input_layernorm.weight": ("BF16", [7168]),
+        f"{m}hidden_norm.weight": ("BF16", [7168]),
+        f"{m}post_attention_layernorm.weight": ("BF16", [7168]),
+        f"{m}self_attn.q_proj.weight": ("BF16", [8192, 14336]),
+        f"{m}self_attn.k_proj.weight": ("BF16", [8192, 14336]),
+        f"{m}self_attn.v_proj.weight": ("BF16", [8192, 14336]),
+        f"{m}self_attn.o_proj.weight": ("BF16", [7168, 8192]),
+        f"{m}mlp.gate_proj.weight": ("BF16", [18432, 7168]),
+        f"{m}mlp.up_proj.weight": ("BF16", [18432, 7168]),
+        f"{m}mlp.down_proj.weight": ("BF16", [7168, 18432]),
+        "norm.weight": ("BF16", [7168]),
+        "lm_head.weight": ("BF16", [32000, 7168]),
+        "d2t": ("I64", [32000]),
+        "t2d": ("BOOL", [163840]),
+    }
+
+
+@pytest.fixture
+def k2_sparse_drafter(tmp_path: Path) -> Path:
+    """A folder with the real K2 drafter's config and a sparse model.safetensors of its exact shapes."""
+    folder = tmp_path / "kimi-k2-eagle3"
+    folder.mkdir()
+    (folder / "config.json").write_text((REFERENCE / "kimi-k2-eagle3.config.json").read_text())
+    write_sparse_safetensors(folder / "model.safetensors", k2_drafter_tensors())
+    return folder

@@ -1,0 +1,92 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from drafter.cost import (
+    break_even_accept_len,
+    expected_accept_len,
+    fit_conditional_acceptance,
+    load_profile,
+    plan_table,
+    projected_tps,
+    required_acceptance,
+)
+from drafter.errors import BadInput
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_seed_profile_break_even():
+    p = load_profile("kimi-k2.5-8xrtxpro6000")
+    assert p.cycle_ms == 30.0 and p.draft_steps == 2
+    assert break_even_accept_len(p) == pytest.approx(2.46)
+    # the seed's own drafter: accept_len 2.0 at 30 ms is 67 tok/s, below the 82 baseline
+    assert projected_tps(2.0, p) == pytest.approx(66.67, abs=0.01)
+
+
+def test_plan_reproduces_the_seed_table():
+    rows = plan_table(load_profile("kimi-k2.5-8xrtxpro6000"), [82, 100, 150, 200])
+    assert [round(r.required_accept_len, 2) for r in rows] == [2.46, 3.0, 4.5, 6.0]
+    assert [round(100 * r.acc_unbounded) for r in rows] == [59, 67, 78, 83]
+    # with 2 draft steps at most 3 tokens per cycle: 150 and 200 tok/s are out of reach
+    assert rows[0].acc_k_steps == pytest.approx(0.81, abs=0.01)
+    assert rows[2].acc_k_steps is None and rows[3].acc_k_steps is None
+
+
+def test_bounded_formula_inverts():
+    for k in (1, 2, 3, 5):
+        for p in (0.1, 0.5, 0.64, 0.9):
+            L = expected_accept_len(p, k)
+            assert required_acceptance(L, k) == pytest.approx(p, abs=1e-9)
+            assert fit_conditional_acceptance(L, k) == pytest.approx(p, abs=1e-9)
+    assert expected_accept_len(1.0, 3) == 4.0
+    assert required_acceptance(4.01, 3) is None
+
+
+def test_profile_errors_name_the_field(tmp_path):
+    bad = tmp_path / "p.yaml"
+    bad.write_text("baseline_tps: 82\nverify_ms: 30\ndraft_steps: 2\n")
+    with pytest.raises(BadInput, match="missing field 'draft_step_ms'"):
+        load_profile(str(bad))
+    bad.write_text("baseline_tps: fast\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\n")
+    with pytest.raises(BadInput, match="'baseline_tps' must be a number"):
+        load_profile(str(bad))
+    with pytest.raises(BadInput, match="unknown profile 'nope'"):
+        load_profile("nope")
+
+
+def _plan(*args, cwd):
+    return subprocess.run(
+        [sys.executable, "-m", "steps.plan", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={
+            "PYTHONPATH": str(ROOT),
+            "PATH": "/usr/bin:/bin",
+            "MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db",
+        },
+    )
+
+
+def test_plan_cli_prints_logs_and_exits_with_contract_codes(tmp_path):
+    ok = _plan(cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert "| 82 | 2.46 | 59% | 81% |" in ok.stdout
+    assert "| 150 | 4.50 | 78% | unreachable with 2 steps |" in ok.stdout
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert len(runs) == 1 and runs[0].data.metrics["break_even_accept_len"] == pytest.approx(2.46)
+    artifacts = {a.path for a in client.list_artifacts(runs[0].info.run_id)}
+    assert {"plan_table.json", "plan.md"} <= artifacts
+
+    bad = _plan("--profile", "nope", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("plan: unknown profile 'nope'")
+    assert "Traceback" not in bad.stderr
+    assert _plan("--tps", "fast", cwd=tmp_path).returncode == 2
+    assert _plan("--draft_steps", "0", cwd=tmp_path).returncode == 2
+    assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == 1

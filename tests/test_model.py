@@ -1,0 +1,143 @@
+import torch
+
+from drafter.loss import (
+    StepStats,
+    pred_mask_from_loss_mask,
+    simulated_accept_len,
+    target_draft_logits,
+    ttt_loss,
+)
+from drafter.model import DraftCache
+from tests.conftest import tiny_drafter
+
+
+def _batch(model, b=4, t=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    cfg = model.config
+    ids = torch.randint(0, cfg.vocab_size, (b, t), generator=g)
+    aux = torch.randn(b, t, 3 * cfg.target_hidden, generator=g)
+    last = torch.randn(b, t, cfg.hidden_size, generator=g)
+    head = torch.randn(cfg.vocab_size, cfg.hidden_size, generator=g)
+    return ids, aux, last, head
+
+
+def test_future_positions_do_not_leak_into_earlier_ones():
+    model = tiny_drafter()
+    ids, aux, _, _ = _batch(model, b=1, t=16)
+    out = model(ids, aux, ttt_length=3)
+    ids2, aux2 = ids.clone(), aux.clone()
+    ids2[:, 12:] = (ids2[:, 12:] + 1) % model.config.vocab_size
+    aux2[:, 12:] += 1.0
+    out2 = model(ids2, aux2, ttt_length=3)
+    for j in range(3):
+        # step j at position t reads token t+j+1, so positions < 12-j-1 are untouched
+        n = 12 - j - 1
+        assert torch.allclose(out[j][:, :n], out2[j][:, :n], atol=1e-5)
+        assert not torch.allclose(out[j][:, n:], out2[j][:, n:])
+
+
+def test_padding_is_never_attended():
+    model = tiny_drafter()
+    ids, aux, _, _ = _batch(model, b=1, t=10)
+    mask = torch.ones(1, 14, dtype=torch.long)
+    mask[:, 10:] = 0
+    padded_ids = torch.cat([ids, torch.zeros(1, 4, dtype=torch.long)], dim=1)
+    padded_aux = torch.cat([aux, torch.randn(1, 4, aux.shape[-1]) * 50], dim=1)
+    a = model(ids, aux, ttt_length=2)
+    b = model(padded_ids, padded_aux, attention_mask=mask, ttt_length=2)
+    assert torch.allclose(a[0], b[0][:, :10], atol=1e-5)
+    # step 1 reads token t+2, which for the last two real positions comes from the pad area
+    assert torch.allclose(a[1][:, :8], b[1][:, :8], atol=1e-5)
+
+
+def test_decoding_path_matches_the_ttt_training_forward():
+    """What is trained is what is served: propose()'s draft distributions equal the TTT steps'."""
+    model = tiny_drafter(seed=3)
+    cfg = model.config
+    ids, aux, _, _ = _batch(model, b=1, t=12, seed=5)
+    n, k = 7, 4
+    cache = DraftCache()
+    hidden = model.extend(cache, ids[0, 1 : n + 2], aux[0, : n + 1])
+    gen = torch.Generator().manual_seed(0)
+    tokens, dists = model.propose(cache, hidden[:, -1:], k, temperature=1.0, generator=gen)
+    assert cache.length == n + 1  # drafts never enter the cache
+    seq = torch.cat([ids[0, : n + 2], tokens[:-1]])[None]
+    full_aux = torch.cat([aux[:, : n + 1], torch.randn(1, seq.shape[1] - n - 1, aux.shape[-1])], dim=1)
+    steps = model(seq, full_aux, ttt_length=k)
+    for j in range(k):
+        train_probs = torch.softmax(steps[j][0, n].float(), -1)
+        assert torch.allclose(train_probs, dists[j][model.t2d], atol=1e-5), j
+        assert bool(model.t2d[tokens[j]])
+    assert dists.shape == (k, cfg.vocab_size)
+    assert torch.allclose(dists.sum(-1), torch.ones(k), atol=1e-5)
+
+
+def test_incremental_extend_equals_one_shot_extend():
+    model = tiny_drafter(seed=1)
+    ids, aux, _, _ = _batch(model, b=1, t=10)
+    one = DraftCache()
+    h1 = model.extend(one, ids[0, 1:10], aux[0, :9])
+    two = DraftCache()
+    model.extend(two, ids[0, 1:5], aux[0, :4])
+    h2 = model.extend(two, ids[0, 5:10], aux[0, 4:9])
+    assert torch.allclose(h1[:, 4:], h2, atol=1e-5)
+    assert torch.allclose(one.keys, two.keys, atol=1e-5)
+    two.crop(3)
+    assert two.length == 3
+
+
+def test_ttt_loss_falls_and_accuracy_rises_when_overfitting_one_batch():
+    torch.manual_seed(0)
+    model = tiny_drafter(seed=2)
+    ids, aux, last, head = _batch(model, b=2, t=20, seed=1)
+    head_rows = head[model.t2d]
+    target_logits = last @ head.T
+    target_token = target_logits.argmax(-1)
+    pred_mask = torch.ones(2, 20, dtype=torch.bool)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    history = []
+    for _ in range(150):
+        steps = model(ids, aux, ttt_length=3)
+        loss, _, stats = ttt_loss(
+            steps, target_draft_logits(last, head_rows), target_token, pred_mask, model.t2d, model.d2t
+        )
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        history.append((loss.item(), stats.accuracy))
+    first, last_ = history[0], history[-1]
+    assert last_[0] < 0.5 * first[0]
+    for j in range(3):
+        assert last_[1][j] > first[1][j] + 0.3
+    assert last_[1][0] > 0.9
+
+
+def test_step_stats_conditional_acceptance_and_sim_accept_len():
+    # 1 sample, T=5, vocab where draft == target ids; craft logits so that correctness is known.
+    vd = 4
+    t2d = torch.ones(vd, dtype=torch.bool)
+    d2t = torch.zeros(vd, dtype=torch.long)
+    target_token = torch.tensor([[0, 1, 2, 3, 0]])
+    target_logits = torch.nn.functional.one_hot(target_token, vd).float() * 10
+    pred_mask = torch.ones(1, 5, dtype=torch.bool)
+
+    def logits_for(tokens):
+        return torch.nn.functional.one_hot(torch.tensor([tokens]), vd).float() * 10
+
+    # step 0 predicts targets at positions 1..4: correct at t=0,1,2, wrong at 3
+    s0 = logits_for([1, 2, 3, 1, 0])
+    # step 1 predicts targets at positions 2..4: correct at t=0, wrong at t=1, correct at t=2
+    s1 = logits_for([2, 0, 0, 0, 0])
+    _, _, stats = ttt_loss([s0, s1], target_logits, target_token, pred_mask, t2d, d2t)
+    assert stats.accuracy == [0.75, 2 / 3]
+    # conditional: step 1 counted only where step 0 was right and step 1 is valid (t=0,1,2): 2 of 3
+    assert stats.conditional_acceptance == [0.75, 2 / 3]
+    assert abs(stats.sim_accept_len - (1 + 0.75 + 0.75 * 2 / 3)) < 1e-9
+    total = stats + StepStats(*(torch.zeros(2, dtype=torch.float64) for _ in range(4)))
+    assert total.accuracy == stats.accuracy
+    assert simulated_accept_len([1.0, 1.0, 1.0]) == 4.0
+
+
+def test_pred_mask_shifts_assistant_mask():
+    lm = torch.tensor([0, 0, 1, 1, 0, 1])
+    assert pred_mask_from_loss_mask(lm).tolist() == [False, True, True, False, True, False]
