@@ -72,3 +72,15 @@ def run_step(
         print(f"{name}: interrupted", file=sys.stderr)
         sys.exit(130)
     sys.exit(code)
+
+
+def log_params(params: dict[str, object]) -> None:
+    """Log params the run does not have yet (`mlflow run` has logged the entry point's own already,
+    and MLflow refuses to change a param)."""
+    import mlflow
+
+    run = mlflow.active_run()
+    have = mlflow.get_run(run.info.run_id).data.params if run else {}
+    fresh = {k: ("" if v is None else str(v)) for k, v in params.items() if k not in have}
+    if fresh:
+        mlflow.log_params(fresh)

@@ -6,7 +6,7 @@ import argparse
 
 from drafter.cost import Profile, break_even_accept_len, load_profile, plan_table
 from drafter.errors import BadInput
-from steps._cli import parser, run_step, step_run
+from steps._cli import log_params, parser, run_step, step_run
 
 DEFAULT_TPS = "82,100,150,200"
 
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         import mlflow
 
         with step_run("plan"):
-            mlflow.log_params({"profile": profile.name, "draft_steps": profile.draft_steps, "tps": args.tps})
+            log_params({"profile": profile.name, "draft_steps": profile.draft_steps, "tps": args.tps})
             mlflow.log_metric("break_even_accept_len", break_even_accept_len(profile))
             mlflow.log_table(table_frame(profile, tps), artifact_file="plan_table.json")
             mlflow.log_text(text + "\n", "plan.md")

@@ -84,3 +84,31 @@ def k2_sparse_drafter(tmp_path: Path) -> Path:
     (folder / "config.json").write_text((REFERENCE / "kimi-k2-eagle3.config.json").read_text())
     write_sparse_safetensors(folder / "model.safetensors", k2_drafter_tensors())
     return folder
+
+
+# ------------------------------------------------------------------ tiny targets (no downloads)
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "def add(a, b):\n    return a + b\n",
+    "Speculative decoding drafts tokens and the target verifies them in one pass.",
+    "import os\nimport sys\nprint(os.path.join('a', 'b'))\n",
+    "Hidden states flow from the target to the drafter through three auxiliary layers.",
+] * 4
+
+
+@pytest.fixture(scope="session")
+def tiny_targets(tmp_path_factory):
+    """A flat DeepSeek-V3 target and the same weights saved Kimi-K2.5-style, with a tokenizer."""
+    from transformers import DeepseekV3ForCausalLM
+
+    from miniworld.models import deepseek_config, save_k25_style, train_tokenizer
+
+    root = tmp_path_factory.mktemp("targets")
+    tok = train_tokenizer(CORPUS, vocab_size=300)
+    torch.manual_seed(0)
+    model = DeepseekV3ForCausalLM(deepseek_config(len(tok), hidden_size=32, layers=4)).eval()
+    flat = root / "k2-tiny"
+    model.save_pretrained(flat)
+    tok.save_pretrained(flat)
+    wrapped = save_k25_style(model, root / "k25-tiny", tok)
+    return flat, wrapped

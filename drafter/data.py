@@ -1,0 +1,431 @@
+"""Hidden-state datasets: a resumable shard writer, a streaming reader, and SpecForge's offline files.
+
+A dataset is a folder: index.json + shard-NNNNN.safetensors (packed samples: input_ids int32 [T],
+loss_mask bool [T], aux_hidden bf16 [T, 3H], last_hidden bf16 [T, H] after the final norm,
+target_token int32 [T] (full-vocab argmax), offsets int64 [n+1]) + target_head.safetensors (the
+target's full lm_head, written once). loss_mask[p] marks assistant token p.
+
+Readers fetch each sample's rows with positional reads at the offsets the shard header gives, so the
+resident set stays at one batch whatever the dataset size (a memory map would count every page it
+ever touched towards RSS), and every shard's sha256 is checked against the index before first use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from drafter.checkpoint import DTYPES, parse_header_bytes
+from drafter.errors import BadInput
+
+FORMAT = "drafterops-hidden-states"
+VERSION = 1
+INDEX = "index.json"
+PARTIAL = "index.partial.json"
+HEAD_FILE = "target_head.safetensors"
+FIELDS = ("input_ids", "loss_mask", "aux_hidden", "last_hidden", "target_token")
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass
+class Sample:
+    input_ids: torch.Tensor  # int64 [T]
+    loss_mask: torch.Tensor  # bool [T]
+    aux_hidden: torch.Tensor  # [T, 3H]
+    last_hidden: torch.Tensor  # [T, H]
+    target_token: torch.Tensor  # int64 [T]
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+# ---------------------------------------------------------------------------------------------- writing
+@dataclass
+class DatasetWriter:
+    """Appends samples and writes a shard whenever `shard_tokens` tokens are buffered.
+
+    `meta` identifies what is being captured (target, layers, prompts digest, max_len, ...). A folder
+    that holds a finished dataset with other meta is refused; an unfinished one with the same meta is
+    resumed: its finished shards are kept (their samples are skipped by the caller through
+    `done_samples`), and a shard half-written when the run died (a *.tmp file) is discarded."""
+
+    folder: Path
+    meta: dict[str, Any]
+    shard_tokens: int = 65536
+    shards: list[dict[str, Any]] = field(default_factory=list)
+    _buffer: list[Sample] = field(default_factory=list)
+    _buffered_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        self.folder = Path(self.folder)
+        if (self.folder / INDEX).is_file():
+            index = json.loads((self.folder / INDEX).read_text())
+            if index.get("meta") != self.meta:
+                raise BadInput(
+                    f"{self.folder}: already holds a different dataset (index.json meta differs); "
+                    "choose another output folder"
+                )
+            raise DatasetComplete(index)
+        if self.folder.exists() and any(self.folder.iterdir()) and not (self.folder / PARTIAL).is_file():
+            raise BadInput(f"{self.folder}: exists and is not a drafterops dataset; refusing to mix")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for tmp in self.folder.glob("*.tmp"):
+            tmp.unlink()
+        if (self.folder / PARTIAL).is_file():
+            partial = json.loads((self.folder / PARTIAL).read_text())
+            if partial.get("meta") != self.meta:
+                raise BadInput(
+                    f"{self.folder}: holds an unfinished capture of a different dataset; choose another output folder"
+                )
+            for shard in partial["shards"]:
+                path = self.folder / shard["file"]
+                if not path.is_file() or sha256_file(path) != shard["sha256"]:
+                    break
+                self.shards.append(shard)
+            self._save_partial()
+
+    @property
+    def done_samples(self) -> int:
+        return sum(s["num_samples"] for s in self.shards)
+
+    def write_head(self, lm_head: torch.Tensor) -> None:
+        path = self.folder / HEAD_FILE
+        if not path.is_file():
+            save_file({"lm_head.weight": lm_head.detach().to(torch.bfloat16).contiguous()}, str(path) + ".tmp")
+            os.replace(str(path) + ".tmp", path)
+
+    def add(self, sample: Sample) -> None:
+        self._buffer.append(sample)
+        self._buffered_tokens += len(sample)
+        if self._buffered_tokens >= self.shard_tokens:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._buffer:
+            return
+        lengths = [len(s) for s in self._buffer]
+        offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64)
+        tensors = {
+            "input_ids": torch.cat([s.input_ids for s in self._buffer]).to(torch.int32),
+            "loss_mask": torch.cat([s.loss_mask for s in self._buffer]).to(torch.bool),
+            "aux_hidden": torch.cat([s.aux_hidden for s in self._buffer]).to(torch.bfloat16),
+            "last_hidden": torch.cat([s.last_hidden for s in self._buffer]).to(torch.bfloat16),
+            "target_token": torch.cat([s.target_token for s in self._buffer]).to(torch.int32),
+            "offsets": offsets,
+        }
+        name = f"shard-{len(self.shards):05d}.safetensors"
+        tmp = self.folder / (name + ".tmp")
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+        os.replace(tmp, self.folder / name)
+        self.shards.append(
+            {
+                "file": name,
+                "sha256": sha256_file(self.folder / name),
+                "num_samples": len(lengths),
+                "num_tokens": int(offsets[-1]),
+            }
+        )
+        self._buffer, self._buffered_tokens = [], 0
+        self._save_partial()
+
+    def _save_partial(self) -> None:
+        tmp = self.folder / (PARTIAL + ".tmp")
+        tmp.write_text(json.dumps({"meta": self.meta, "shards": self.shards}, indent=1))
+        os.replace(tmp, self.folder / PARTIAL)
+
+    def finish(self) -> dict[str, Any]:
+        """Flush, then publish index.json (the dataset exists only from this moment)."""
+        self.flush()
+        if not self.shards:
+            raise BadInput(f"{self.folder}: no samples were captured")
+        digest = hashlib.sha256(
+            json.dumps({"meta": self.meta, "shards": [s["sha256"] for s in self.shards]}, sort_keys=True).encode()
+        ).hexdigest()
+        index = {
+            "format": FORMAT,
+            "version": VERSION,
+            **{k: self.meta[k] for k in ("target", "layer_ids", "hidden_size", "vocab_size") if k in self.meta},
+            "aux_hidden_size": 3 * self.meta["hidden_size"],
+            "dtype": "bfloat16",
+            "num_samples": self.done_samples,
+            "num_tokens": sum(s["num_tokens"] for s in self.shards),
+            "shards": self.shards,
+            "head_file": HEAD_FILE,
+            "digest": digest,
+            "meta": self.meta,
+        }
+        tmp = self.folder / (INDEX + ".tmp")
+        tmp.write_text(json.dumps(index, indent=1))
+        os.replace(tmp, self.folder / INDEX)
+        (self.folder / PARTIAL).unlink(missing_ok=True)
+        return index
+
+
+class DatasetComplete(Exception):
+    """Raised by DatasetWriter when the folder already holds this exact dataset: nothing to do."""
+
+    def __init__(self, index: dict[str, Any]) -> None:
+        super().__init__("dataset already complete")
+        self.index = index
+
+
+# ---------------------------------------------------------------------------------------------- reading
+class _Shard:
+    """Positional reads of sample rows from one shard; the header is parsed once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            if 8 + n > size:
+                raise BadInput(f"{path}: safetensors header length {n} is larger than the file")
+            entries = parse_header_bytes(fh.read(n), size, str(path))
+        missing = [f for f in (*FIELDS, "offsets") if f not in entries]
+        if missing:
+            raise BadInput(f"{path}: shard lacks tensors {missing}")
+        self.base = 8 + n
+        self.entries = entries
+        self.offsets = self._read("offsets", 0, None)
+
+    def _read(self, name: str, start: int, stop: int | None) -> torch.Tensor:
+        entry = self.entries[name]
+        dtype, itemsize = DTYPES[entry["dtype"]]
+        shape = entry["shape"]
+        row = math.prod(shape[1:]) * itemsize
+        stop = shape[0] if stop is None else stop
+        begin = self.base + entry["data_offsets"][0] + start * row
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            raw = os.pread(fd, (stop - start) * row, begin)
+        finally:
+            os.close(fd)
+        return torch.frombuffer(bytearray(raw), dtype=dtype).view(stop - start, *shape[1:])
+
+    def sample(self, i: int) -> Sample:
+        s, e = int(self.offsets[i]), int(self.offsets[i + 1])
+        return Sample(
+            input_ids=self._read("input_ids", s, e).long(),
+            loss_mask=self._read("loss_mask", s, e).bool(),
+            aux_hidden=self._read("aux_hidden", s, e),
+            last_hidden=self._read("last_hidden", s, e),
+            target_token=self._read("target_token", s, e).long(),
+        )
+
+
+class HiddenStateDataset:
+    """A captured dataset, read sample by sample. Opening it checks the index; each shard's sha256 is
+    checked before its first read."""
+
+    def __init__(self, folder: str | Path, verify: bool = True) -> None:
+        self.folder = Path(folder)
+        path = self.folder / INDEX
+        if not path.is_file():
+            hint = " (capture unfinished: rerun make_data to resume)" if (self.folder / PARTIAL).is_file() else ""
+            raise BadInput(f"{self.folder}: not a dataset, no {INDEX}{hint}")
+        try:
+            self.index = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise BadInput(f"{path}: not valid JSON ({exc})") from None
+        if self.index.get("format") != FORMAT:
+            raise BadInput(f"{path}: not a {FORMAT} index")
+        self.verify = verify
+        self._shards: dict[int, _Shard] = {}
+        self.locations: list[tuple[int, int]] = []
+        for si, shard in enumerate(self.index["shards"]):
+            self.locations += [(si, i) for i in range(shard["num_samples"])]
+
+    @property
+    def layer_ids(self) -> list[int]:
+        return list(self.index["layer_ids"])
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.index["hidden_size"])
+
+    @property
+    def digest(self) -> str:
+        return self.index["digest"]
+
+    def __len__(self) -> int:
+        return len(self.locations)
+
+    def _shard(self, si: int) -> _Shard:
+        if si not in self._shards:
+            meta = self.index["shards"][si]
+            path = self.folder / meta["file"]
+            if not path.is_file():
+                raise BadInput(f"{path}: shard listed in index.json is missing")
+            if self.verify and sha256_file(path) != meta["sha256"]:
+                raise BadInput(f"{path}: sha256 does not match index.json; refusing to read a corrupt shard")
+            self._shards[si] = _Shard(path)
+        return self._shards[si]
+
+    def __getitem__(self, i: int) -> Sample:
+        si, j = self.locations[i]
+        return self._shard(si).sample(j)
+
+    def token_counts(self, vocab_size: int) -> torch.Tensor:
+        """How often each target token is the target's next-token prediction (for scratch vocab maps)."""
+        counts = torch.zeros(vocab_size, dtype=torch.int64)
+        for i in range(len(self)):
+            counts += torch.bincount(self[i].target_token, minlength=vocab_size)[:vocab_size]
+        return counts
+
+    def target_head(self) -> torch.Tensor:
+        path = self.folder / self.index.get("head_file", HEAD_FILE)
+        if not path.is_file():
+            raise BadInput(f"{path}: the target's lm_head is missing from the dataset")
+        return load_file(str(path))["lm_head.weight"]
+
+
+class SpecForgeDataset:
+    """SpecForge's offline files (one torch file per sample: input_ids, loss_mask, hidden_state,
+    aux_hidden_state), read with weights_only=True. hidden_state is taken as the target's last hidden
+    state after its final norm; target_token is computed from it with the target's lm_head."""
+
+    SUFFIXES = (".ckpt", ".pt", ".pth")
+
+    def __init__(self, folder: str | Path, target_head: torch.Tensor, layer_ids: list[int]) -> None:
+        self.folder = Path(folder)
+        self.files = sorted(
+            (p for p in self.folder.rglob("*") if p.suffix in self.SUFFIXES),
+            key=lambda p: (len(p.parts), _natural_key(p)),
+        )
+        if not self.files:
+            raise BadInput(f"{self.folder}: no SpecForge hidden-state files (*.ckpt)")
+        self.head = target_head
+        self._layer_ids = list(layer_ids)
+        self.hidden_size = int(target_head.shape[1])
+
+    @property
+    def layer_ids(self) -> list[int]:
+        return self._layer_ids
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def target_head(self) -> torch.Tensor:
+        return self.head
+
+    def __getitem__(self, i: int) -> Sample:
+        path = self.files[i]
+        try:
+            data = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # unpickling errors come in many types; the message names the file
+            raise BadInput(f"{path}: not a readable SpecForge sample ({exc.__class__.__name__})") from None
+        missing = [k for k in ("input_ids", "loss_mask", "hidden_state", "aux_hidden_state") if k not in data]
+        if missing:
+            raise BadInput(f"{path}: SpecForge sample lacks {missing}")
+
+        def flat(t: torch.Tensor, dims: int) -> torch.Tensor:
+            while t.dim() > dims:
+                t = t[0]
+            return t
+
+        last = flat(data["hidden_state"], 2)
+        aux = flat(data["aux_hidden_state"], 2)
+        if aux.shape[-1] != 3 * self.hidden_size or last.shape[-1] != self.hidden_size:
+            raise BadInput(
+                f"{path}: hidden sizes {last.shape[-1]}/{aux.shape[-1]} do not fit the target head ({self.hidden_size})"
+            )
+        target_token = (last.float() @ self.head.float().T).argmax(-1)
+        return Sample(flat(data["input_ids"], 1).long(), flat(data["loss_mask"], 1).bool(), aux, last, target_token)
+
+
+def _natural_key(path: Path) -> list[Any]:
+    import re
+
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
+
+
+def open_dataset(folder: str | Path, **specforge: Any) -> HiddenStateDataset | SpecForgeDataset:
+    """Our format when index.json is there; SpecForge's files otherwise (needs target_head, layer_ids)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise BadInput(f"{folder}: dataset folder not found")
+    if (folder / INDEX).is_file() or (folder / PARTIAL).is_file() or not specforge:
+        return HiddenStateDataset(folder)
+    return SpecForgeDataset(folder, **specforge)
+
+
+# ---------------------------------------------------------------------------------------------- batching
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # [B, T] int64
+    attention_mask: torch.Tensor  # [B, T] bool
+    loss_mask: torch.Tensor  # [B, T] bool (assistant tokens)
+    aux_hidden: torch.Tensor  # [B, T, 3H] float32
+    last_hidden: torch.Tensor  # [B, T, H] float32
+    target_token: torch.Tensor  # [B, T] int64
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+
+def collate(samples: list[Sample], max_len: int | None = None) -> Batch:
+    """Right-pad samples (cut to max_len) into one batch."""
+    lengths = [min(len(s), max_len) if max_len else len(s) for s in samples]
+    t = max(lengths)
+    b = len(samples)
+    aux_w, h = samples[0].aux_hidden.shape[-1], samples[0].last_hidden.shape[-1]
+    out = Batch(
+        input_ids=torch.zeros(b, t, dtype=torch.long),
+        attention_mask=torch.zeros(b, t, dtype=torch.bool),
+        loss_mask=torch.zeros(b, t, dtype=torch.bool),
+        aux_hidden=torch.zeros(b, t, aux_w),
+        last_hidden=torch.zeros(b, t, h),
+        target_token=torch.zeros(b, t, dtype=torch.long),
+    )
+    for i, (s, n) in enumerate(zip(samples, lengths, strict=True)):
+        out.input_ids[i, :n] = s.input_ids[:n]
+        out.attention_mask[i, :n] = True
+        out.loss_mask[i, :n] = s.loss_mask[:n]
+        out.aux_hidden[i, :n] = s.aux_hidden[:n].float()
+        out.last_hidden[i, :n] = s.last_hidden[:n].float()
+        out.target_token[i, :n] = s.target_token[:n]
+    return out
+
+
+def split_indices(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Deterministic train/validation split by sample (at least one of each when n >= 2)."""
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    n_val = min(max(1 if n >= 2 and val_fraction > 0 else 0, round(n * val_fraction)), n - 1) if n > 1 else 0
+    return sorted(order[n_val:]), sorted(order[:n_val])
+
+
+def iterate_batches(
+    dataset: Any,
+    indices: list[int],
+    batch_size: int,
+    max_len: int | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
+    epoch: int = 0,
+) -> Iterator[Batch]:
+    """Batches over `indices`, shuffled across shards by (seed, epoch); samples of similar length are
+    not grouped, so every order is reproducible from the seed alone."""
+    order = list(indices)
+    if shuffle:
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    for start in range(0, len(order), batch_size):
+        yield collate([dataset[i] for i in order[start : start + batch_size]], max_len)

@@ -1,0 +1,204 @@
+"""Target models through transformers: load (flat or Kimi-K2.5-style wrapper), capture aux states.
+
+Capture follows SGLang's convention: layer id i means the *output* of decoder layer i (transformers'
+`output_hidden_states[i + 1]`). Forward hooks take exactly those outputs, so a capture never holds
+every layer's states, and the same code serves training data, offline eval and online decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from drafter.checkpoint import read_header, weight_files
+from drafter.config import TargetConfig
+from drafter.errors import BadInput
+
+HUB_PATTERNS = [
+    "config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer*",
+    "*.jinja",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "chat_template*",
+]
+
+
+@dataclass
+class TargetOutput:
+    logits: torch.Tensor  # [B, T, V]
+    aux_hidden: torch.Tensor  # [B, T, 3H] outputs of the aux layers, concatenated in id order
+    last_hidden: torch.Tensor  # [B, T, H] after the final norm: logits = last_hidden @ lm_head.T
+    past_key_values: Any
+
+
+def resolve_local(source: str | Path, revision: str | None = None) -> tuple[Path, str | None]:
+    """A local folder as is; a hub id through snapshot_download (configs, safetensors, tokenizer only).
+
+    Returns (folder, resolved commit or None)."""
+    path = Path(source)
+    if path.exists():
+        if not path.is_dir():
+            raise BadInput(f"{source}: not a model folder")
+        return path, None
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        folder = Path(snapshot_download(str(source), revision=revision, allow_patterns=HUB_PATTERNS))
+    except (LocalEntryNotFoundError, RepositoryNotFoundError, HfHubHTTPError, OSError, ValueError) as exc:
+        raise BadInput(
+            f"{source}: not a local folder and not downloadable from the hub "
+            f"({exc.__class__.__name__}: {str(exc).splitlines()[0][:160]})"
+        ) from None
+    return folder, folder.name
+
+
+class Target:
+    """A causal LM target plus what a drafter needs of it: aux states, final-norm states, head, embedding."""
+
+    def __init__(self, model: torch.nn.Module, config: TargetConfig, folder: Path, tokenizer: Any = None):
+        self.model = model.eval()
+        self.config = config
+        self.folder = folder
+        self.tokenizer = tokenizer
+        self._captured: dict[int, torch.Tensor] = {}
+        self._layer_ids: list[int] = []
+        self._hooks: list[Any] = []
+
+    # -------------------------------------------------------------- structure
+    @property
+    def decoder_layers(self) -> torch.nn.ModuleList:
+        return self.model.model.layers
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight
+
+    @property
+    def embedding_weight(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight
+
+    def check_layer_ids(self, layer_ids: list[int]) -> None:
+        n = self.config.num_hidden_layers
+        bad = [i for i in layer_ids if not 0 <= i < n]
+        if bad:
+            raise BadInput(
+                f"aux layer ids {bad} out of range for target {self.folder} with {n} layers "
+                f"(valid ids 0..{n - 1}; id i = output of decoder layer i)"
+            )
+
+    def set_aux_layers(self, layer_ids: list[int]) -> None:
+        """Install output hooks on exactly these decoder layers."""
+        self.check_layer_ids(layer_ids)
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self._layer_ids = list(layer_ids)
+        for i in sorted(set(layer_ids)):
+
+            def hook(_mod, _inp, out, i=i):
+                self._captured[i] = out[0] if isinstance(out, tuple) else out
+
+            self._hooks.append(self.decoder_layers[i].register_forward_hook(hook))
+
+    # -------------------------------------------------------------- forward
+    @torch.no_grad()
+    def forward(
+        self, input_ids: torch.Tensor, past_key_values: Any = None, attention_mask: torch.Tensor | None = None
+    ) -> TargetOutput:
+        if not self._layer_ids:
+            raise RuntimeError("call set_aux_layers() first")
+        self._captured.clear()
+        final: dict[str, torch.Tensor] = {}
+        norm_hook = self.model.model.norm.register_forward_hook(lambda _m, _i, o: final.__setitem__("h", o))
+        try:
+            out = self.model(
+                input_ids=input_ids, past_key_values=past_key_values, attention_mask=attention_mask, use_cache=True
+            )
+        finally:
+            norm_hook.remove()
+        aux = torch.cat([self._captured[i] for i in self._layer_ids], dim=-1)
+        return TargetOutput(out.logits, aux, final["h"], out.past_key_values)
+
+    @staticmethod
+    def crop_cache(cache: Any, length: int) -> None:
+        """Keep the first `length` positions (after a rejection); a negative crop works on every
+        transformers version (v5 refuses positive ones)."""
+        remove = cache.get_seq_length() - length
+        if remove > 0:
+            cache.crop(-remove)
+
+    def new_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+
+def _text_model_from_wrapper(folder: Path, cfg: TargetConfig, dtype: torch.dtype, trust_remote_code: bool):
+    """Build the text model from text_config and load the `language_model.`-prefixed weights into it."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    text = dict(cfg.text_config)
+    model_type = text.pop("model_type", None)
+    if model_type == "kimi_k2":  # Kimi's text model is DeepSeek-V3 (text_config.architectures says so)
+        model_type = "deepseek_v3"
+    try:
+        text_cfg = AutoConfig.for_model(model_type, **{k: v for k, v in text.items() if k != "architectures"})
+    except ValueError as exc:
+        raise BadInput(
+            f"{folder}/config.json: text_config model_type {model_type!r} is unknown to transformers ({exc})"
+        ) from None
+    model = AutoModelForCausalLM.from_config(text_cfg, trust_remote_code=trust_remote_code, dtype=dtype)
+    prefix = cfg.weight_prefix
+    state = {}
+    for fname in weight_files(folder):
+        with safe_open(str(folder / fname), framework="pt") as fh:
+            for name in fh.keys():  # noqa: SIM118
+                if name.startswith(prefix):
+                    state[name[len(prefix) :]] = fh.get_tensor(name).to(dtype)
+    expected = set(model.state_dict())
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if getattr(text_cfg, "tie_word_embeddings", False) and missing == ["lm_head.weight"]:
+        missing = []
+    if missing or unexpected:
+        raise BadInput(
+            f"{folder}: weights under '{prefix}' do not fit the text model: missing "
+            f"{missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    model.load_state_dict(state, strict=False)
+    if getattr(text_cfg, "tie_word_embeddings", False):
+        model.tie_weights()
+    return model
+
+
+def load_target(
+    source: str | Path,
+    dtype: torch.dtype = torch.float32,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    tokenizer: bool = True,
+) -> Target:
+    """Load a target from a folder or hub id; multimodal wrappers (Kimi-K2.5) are unwrapped."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, _ = resolve_local(source, revision)
+    cfg = TargetConfig.from_file(folder)
+    read_header(folder)  # every shard's header is sound before anything is loaded
+    if cfg.weight_prefix:
+        model = _text_model_from_wrapper(folder, cfg, dtype, trust_remote_code)
+    else:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=trust_remote_code)
+        except (OSError, ValueError) as exc:
+            raise BadInput(f"{folder}: transformers cannot load this target ({str(exc).splitlines()[0]})") from None
+    tok = None
+    if tokenizer and any(folder.glob("tokenizer*")):
+        tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    return Target(model, cfg, folder, tok)

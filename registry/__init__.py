@@ -1,0 +1,1 @@
+"""MLflow Model Registry policy: names, tags, aliases, lineage, promotion (steps -> registry -> drafter)."""

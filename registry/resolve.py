@@ -1,0 +1,66 @@
+"""Turn what a user passes as a drafter (registry URI, local folder, hub id) into a local folder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from drafter.config import DrafterConfig
+from drafter.errors import BadInput
+
+HUB_CONFIG_ONLY = ["config.json", "README.md", "LICENSE*"]
+HUB_DRAFTER_FILES = [*HUB_CONFIG_ONLY, "*.safetensors", "model.safetensors.index.json"]
+
+
+@dataclass
+class DrafterRef:
+    """Where a drafter came from and where its files are now."""
+
+    ref: str
+    folder: Path
+    kind: str  # "registry" | "local" | "hub"
+    revision: str | None = None  # resolved hub commit
+    model_name: str | None = None  # registry name and version when kind == "registry"
+    model_version: str | None = None
+
+    @property
+    def config(self) -> DrafterConfig:
+        return DrafterConfig.from_file(self.folder / "config.json")
+
+
+def parse_hub_ref(ref: str) -> tuple[str, str | None]:
+    """'org/name', 'org/name@rev' or 'hf://org/name@rev' -> (repo id, revision)."""
+    ref = ref.removeprefix("hf://")
+    repo, _, rev = ref.partition("@")
+    return repo, rev or None
+
+
+def resolve_drafter(ref: str, config_only: bool = False, revision: str | None = None) -> DrafterRef:
+    """models:/name/N and models:/name@alias through the registry; a folder as is; else a hub id."""
+    if ref.startswith("models:/"):
+        from registry.store import download_version
+
+        return download_version(ref)
+    path = Path(ref)
+    if path.exists():
+        if not path.is_dir() or not (path / "config.json").is_file():
+            raise BadInput(f"{ref}: not a drafter folder (no config.json)")
+        return DrafterRef(ref, path, "local")
+    repo, rev = parse_hub_ref(ref)
+    if repo.count("/") != 1:
+        raise BadInput(f"{ref}: not a folder, a models:/ URI or a hub id (org/name)")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        folder = Path(
+            snapshot_download(
+                repo, revision=revision or rev, allow_patterns=HUB_CONFIG_ONLY if config_only else HUB_DRAFTER_FILES
+            )
+        )
+    except (LocalEntryNotFoundError, RepositoryNotFoundError, HfHubHTTPError, OSError, ValueError) as exc:
+        first = str(exc).splitlines()[0][:160] if str(exc) else ""
+        raise BadInput(f"{ref}: cannot fetch from the hub ({exc.__class__.__name__}: {first})") from None
+    if not (folder / "config.json").is_file():
+        raise BadInput(f"{ref}: hub repository has no config.json")
+    return DrafterRef(ref, folder, "hub", revision=folder.name)
