@@ -15,39 +15,7 @@ from pathlib import Path
 import torch
 
 from bench._common import write_results
-
-READER = """
-import resource, sys, time
-from drafter.data import HiddenStateDataset, iterate_batches
-ds = HiddenStateDataset(sys.argv[1])
-t = time.perf_counter()
-n = sum(b.num_tokens for b in iterate_batches(ds, list(range(len(ds))), 8, seed=0))
-print(n, time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-"""
-
-
-def synthetic(folder: Path, samples: int, t: int = 512, h: int = 512) -> int:
-    from drafter.data import DatasetWriter, Sample
-
-    g = torch.Generator().manual_seed(0)
-    w = DatasetWriter(
-        folder,
-        {"target": "synthetic", "layer_ids": [0, 1, 2], "hidden_size": h, "vocab_size": 1000},
-        shard_tokens=16384,
-    )
-    for _ in range(samples):
-        w.add(
-            Sample(
-                torch.randint(0, 1000, (t,), generator=g),
-                torch.ones(t, dtype=torch.bool),
-                torch.randn(t, 3 * h, generator=g),
-                torch.randn(t, h, generator=g),
-                torch.randint(0, 1000, (t,), generator=g),
-            )
-        )
-    w.write_head(torch.randn(1000, h))
-    w.finish()
-    return sum(p.stat().st_size for p in folder.iterdir())
+from bench.synthetic import READER, write_random_dataset
 
 
 def capture_throughput(tmp: Path) -> dict:
@@ -83,7 +51,7 @@ def main() -> None:
         rows.append(capture_throughput(tmp))
         rss = {}
         for name, n in (("1x", 24), ("10x", 240)):
-            size = synthetic(tmp / name, n)
+            size = write_random_dataset(tmp / name, n, t=512, h=512, vocab=1000, shard_tokens=16384)
             out = subprocess.run(
                 [sys.executable, "-c", READER, str(tmp / name)],
                 capture_output=True,

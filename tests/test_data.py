@@ -6,11 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.synthetic import READER, write_random_dataset
 from drafter.capture import capture, plan_capture
 from drafter.data import (
-    DatasetWriter,
     HiddenStateDataset,
-    Sample,
     SpecForgeDataset,
     iterate_batches,
     split_indices,
@@ -207,41 +206,13 @@ def test_pickle_payloads_in_specforge_files_are_refused(tmp_path):
         spec[0]
 
 
-def _write_random_dataset(folder: Path, samples: int, t: int = 256, h: int = 256):
-    g = torch.Generator().manual_seed(0)
-    w = DatasetWriter(
-        folder, {"target": "synthetic", "layer_ids": [0, 1, 2], "hidden_size": h, "vocab_size": 100}, shard_tokens=8192
-    )
-    for _ in range(samples):
-        w.add(
-            Sample(
-                torch.randint(0, 100, (t,), generator=g),
-                torch.ones(t, dtype=torch.bool),
-                torch.randn(t, 3 * h, generator=g),
-                torch.randn(t, h, generator=g),
-                torch.randint(0, 100, (t,), generator=g),
-            )
-        )
-    w.write_head(torch.randn(100, h))
-    w.finish()
-
-
-READER = """
-import resource, sys
-from drafter.data import HiddenStateDataset, iterate_batches
-ds = HiddenStateDataset(sys.argv[1])
-n = sum(b.num_tokens for b in iterate_batches(ds, list(range(len(ds))), 4, seed=0))
-print(n, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-"""
-
-
 def test_reader_memory_does_not_grow_with_dataset_size(tmp_path):
-    _write_random_dataset(tmp_path / "x1", 16)  # ~8 MiB
-    _write_random_dataset(tmp_path / "x10", 160)  # ~84 MiB
+    write_random_dataset(tmp_path / "x1", 16)  # ~8 MiB
+    write_random_dataset(tmp_path / "x10", 160)  # ~84 MiB
     rss = {}
     for name in ("x1", "x10"):
         out = subprocess.run(
             [sys.executable, "-c", READER, str(tmp_path / name)], capture_output=True, text=True, cwd=ROOT, check=True
         ).stdout.split()
-        rss[name] = int(out[1])
+        rss[name] = int(out[2])
     assert rss["x10"] / rss["x1"] < 1.1, rss
