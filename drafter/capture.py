@@ -62,7 +62,7 @@ def capture(
         writer = DatasetWriter(Path(out), meta, shard_tokens=shard_tokens)
     except DatasetComplete as done:
         return done.index
-    writer.write_head(target.lm_head_weight)
+    writer.write_head(target.lm_head_weight, target.embedding_weight)
     start = writer.done_samples
     todo = plan.prompts[start:]
     bar = tqdm(

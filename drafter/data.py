@@ -105,10 +105,15 @@ class DatasetWriter:
     def done_samples(self) -> int:
         return sum(s["num_samples"] for s in self.shards)
 
-    def write_head(self, lm_head: torch.Tensor) -> None:
+    def write_head(self, lm_head: torch.Tensor, embedding: torch.Tensor | None = None) -> None:
+        """The target's lm_head (and input embedding, which a drafter's frozen embed_tokens copies),
+        so that training needs no target model."""
         path = self.folder / HEAD_FILE
         if not path.is_file():
-            save_file({"lm_head.weight": lm_head.detach().to(torch.bfloat16).contiguous()}, str(path) + ".tmp")
+            tensors = {"lm_head.weight": lm_head}
+            if embedding is not None:
+                tensors["embed_tokens.weight"] = embedding
+            save_file({k: v.detach().to(torch.bfloat16).contiguous() for k, v in tensors.items()}, str(path) + ".tmp")
             os.replace(str(path) + ".tmp", path)
 
     def add(self, sample: Sample) -> None:
@@ -282,18 +287,17 @@ class HiddenStateDataset:
         si, j = self.locations[i]
         return self._shard(si).sample(j)
 
-    def token_counts(self, vocab_size: int) -> torch.Tensor:
-        """How often each target token is the target's next-token prediction (for scratch vocab maps)."""
-        counts = torch.zeros(vocab_size, dtype=torch.int64)
-        for i in range(len(self)):
-            counts += torch.bincount(self[i].target_token, minlength=vocab_size)[:vocab_size]
-        return counts
-
-    def target_head(self) -> torch.Tensor:
+    def _head_file(self) -> dict[str, torch.Tensor]:
         path = self.folder / self.index.get("head_file", HEAD_FILE)
         if not path.is_file():
             raise BadInput(f"{path}: the target's lm_head is missing from the dataset")
-        return load_file(str(path))["lm_head.weight"]
+        return load_file(str(path))
+
+    def target_head(self) -> torch.Tensor:
+        return self._head_file()["lm_head.weight"]
+
+    def target_embedding(self) -> torch.Tensor | None:
+        return self._head_file().get("embed_tokens.weight")
 
 
 class SpecForgeDataset:
@@ -303,7 +307,13 @@ class SpecForgeDataset:
 
     SUFFIXES = (".ckpt", ".pt", ".pth")
 
-    def __init__(self, folder: str | Path, target_head: torch.Tensor, layer_ids: list[int]) -> None:
+    def __init__(
+        self,
+        folder: str | Path,
+        target_head: torch.Tensor,
+        layer_ids: list[int],
+        target_embedding: torch.Tensor | None = None,
+    ) -> None:
         self.folder = Path(folder)
         self.files = sorted(
             (p for p in self.folder.rglob("*") if p.suffix in self.SUFFIXES),
@@ -312,6 +322,7 @@ class SpecForgeDataset:
         if not self.files:
             raise BadInput(f"{self.folder}: no SpecForge hidden-state files (*.ckpt)")
         self.head = target_head
+        self.embedding = target_embedding
         self._layer_ids = list(layer_ids)
         self.hidden_size = int(target_head.shape[1])
 
@@ -324,6 +335,9 @@ class SpecForgeDataset:
 
     def target_head(self) -> torch.Tensor:
         return self.head
+
+    def target_embedding(self) -> torch.Tensor | None:
+        return self.embedding
 
     def __getitem__(self, i: int) -> Sample:
         path = self.files[i]
@@ -348,6 +362,17 @@ class SpecForgeDataset:
             )
         target_token = (last.float() @ self.head.float().T).argmax(-1)
         return Sample(flat(data["input_ids"], 1).long(), flat(data["loss_mask"], 1).bool(), aux, last, target_token)
+
+
+def token_counts(
+    dataset: HiddenStateDataset | SpecForgeDataset, vocab_size: int, indices: list[int] | None = None
+) -> torch.Tensor:
+    """How often each target token is the target's next-token prediction (for a scratch drafter's
+    vocab maps); pass the training indices so validation samples do not leak into them."""
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for i in range(len(dataset)) if indices is None else indices:
+        counts += torch.bincount(dataset[i].target_token, minlength=vocab_size)[:vocab_size]
+    return counts
 
 
 def _natural_key(path: Path) -> list[Any]:

@@ -145,6 +145,7 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+        self.has_embedding = False  # True once embed_tokens holds the target's embedding
 
     # ------------------------------------------------------------------ helpers
     def init_weights(self, seed: int = 0, std: float = 0.02) -> None:

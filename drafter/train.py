@@ -1,0 +1,339 @@
+"""One EAGLE-3 training run through the DeepSpeed engine (finetune's trials and the mini world's drafter).
+
+Runs as a single CPU process (it sets up the one-rank distributed environment itself, gloo backend)
+or under the `deepspeed` launcher on many GPUs (logging from rank 0 only). Batches are a pure
+function of (seed, step), so a run resumed from a DeepSpeed checkpoint sees exactly the batches an
+uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from drafter.config import DrafterConfig
+from drafter.data import collate, split_indices, token_counts
+from drafter.errors import BadInput
+from drafter.loss import StepStats, pred_mask_from_loss_mask, target_draft_logits, ttt_loss
+from drafter.model import Eagle3Drafter
+from drafter.vocab import build_vocab_maps
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "deepspeed"
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN/Inf; carries the step so a study can report it and go on."""
+
+    def __init__(self, step: int, loss: float) -> None:
+        super().__init__(f"loss is {loss} at step {step}")
+        self.step = step
+
+
+class TrainingStopped(RuntimeError):
+    """A validation hook asked to stop (an Optuna pruner, typically)."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"stopped at step {step}")
+        self.step = step
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 200
+    batch_size: int = 8
+    max_len: int = 512
+    lr: float = 1e-3
+    warmup_ratio: float = 0.05
+    weight_decay: float = 0.0
+    ttt_length: int = 3
+    step_decay: float = 0.8
+    noise_std: float = 0.0
+    val_fraction: float = 0.1
+    val_every: int = 50
+    seed: int = 0
+    ds_config: str = "zero0"  # a name in configs/deepspeed, or a path
+    ds_overrides: dict[str, Any] = field(default_factory=dict)
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0  # 0: checkpoint at every validation
+
+    def to_params(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k not in ("ds_overrides", "checkpoint_dir")}
+
+
+@dataclass
+class TrainResult:
+    model: Eagle3Drafter
+    val: StepStats | None
+    steps: int
+    tokens: int
+    seconds: float
+    history: list[dict[str, float]]
+
+
+def ensure_distributed() -> None:
+    """One-rank process group when not started by a launcher (gloo on CPU, nccl on GPUs)."""
+    import deepspeed
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+        if "MASTER_PORT" not in os.environ:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo", verbose=False)
+
+
+def is_rank0() -> bool:
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def load_ds_config(name_or_path: str, cfg: TrainConfig, total_steps: int) -> dict[str, Any]:
+    """A DeepSpeed config with its "auto" fields filled from the TrainConfig."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = CONFIG_DIR / f"{name_or_path}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
+        raise BadInput(f"DeepSpeed config {name_or_path!r} not found (known: {', '.join(known)})")
+    try:
+        ds = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"{path}: DeepSpeed config is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(ds, dict):
+        raise BadInput(f"{path}: DeepSpeed config must be a JSON object")
+    fills = {
+        "lr": cfg.lr,
+        "weight_decay": cfg.weight_decay,
+        "total_num_steps": total_steps,
+        "warmup_num_steps": max(1, int(cfg.warmup_ratio * total_steps)),
+        "train_micro_batch_size_per_gpu": cfg.batch_size,
+    }
+
+    def fill(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: (fills[k] if v == "auto" and k in fills else fill(v)) for k, v in node.items()}
+        return node
+
+    ds = fill(ds)
+    for key, value in cfg.ds_overrides.items():
+        node = ds
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return ds
+
+
+def check_fit(cfg: DrafterConfig, dataset: Any) -> None:
+    """The dataset must carry the states this drafter reads: same layers, hidden size and vocab."""
+    problems = []
+    if list(dataset.layer_ids) != list(cfg.aux_layer_ids):
+        problems.append(f"layer ids {list(dataset.layer_ids)} vs drafter's {list(cfg.aux_layer_ids)}")
+    if int(dataset.hidden_size) != cfg.target_hidden:
+        problems.append(f"hidden size {dataset.hidden_size} vs drafter's target hidden {cfg.target_hidden}")
+    head = dataset.target_head()
+    if int(head.shape[0]) != cfg.vocab_size:
+        problems.append(f"target vocab {head.shape[0]} vs drafter's vocab_size {cfg.vocab_size}")
+    if problems:
+        raise BadInput("dataset does not fit the drafter: " + "; ".join(problems))
+
+
+def scratch_drafter(cfg: DrafterConfig, dataset: Any, train_indices: list[int], seed: int = 0) -> Eagle3Drafter:
+    """Random weights, vocab maps from the training data's token counts, the target's embedding."""
+    check_fit(cfg, dataset)
+    model = Eagle3Drafter(cfg)
+    model.init_weights(seed)
+    d2t, t2d = build_vocab_maps(token_counts(dataset, cfg.vocab_size, train_indices), cfg.draft_vocab_size)
+    model.d2t.copy_(d2t)
+    model.t2d.copy_(t2d)
+    attach_target_embedding(model, dataset)
+    return model
+
+
+def attach_target_embedding(model: Eagle3Drafter, dataset: Any) -> None:
+    """embed_tokens is a frozen copy of the target's; the dataset carries it (target_head file)."""
+    emb = dataset.target_embedding()
+    if emb is None:
+        if getattr(model, "has_embedding", False):
+            return
+        raise BadInput("the dataset carries no target embedding and the drafter has none")
+    if tuple(emb.shape) != tuple(model.embed_tokens.weight.shape):
+        raise BadInput(
+            f"target embedding {list(emb.shape)} does not fit the drafter's {list(model.embed_tokens.weight.shape)}"
+        )
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(emb.to(model.embed_tokens.weight.dtype))
+    model.has_embedding = True
+
+
+def batch_indices(train: list[int], batch_size: int, seed: int, step: int) -> list[int]:
+    """The samples of a global step: epochs reshuffled by (seed, epoch); a pure function of step."""
+    per_epoch = math.ceil(len(train) / batch_size)
+    epoch, k = divmod(step, per_epoch)
+    order = list(train)
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order[k * batch_size : (k + 1) * batch_size]
+
+
+@torch.no_grad()
+def offline_stats(
+    model: Eagle3Drafter,
+    dataset: Any,
+    indices: list[int],
+    head_rows: torch.Tensor,
+    ttt_length: int,
+    batch_size: int = 8,
+    max_len: int | None = None,
+) -> StepStats:
+    """Teacher-forced acceptance per draft position over `indices` (acc_pos_<i>, sim_accept_len)."""
+    was_training = model.training
+    model.eval()
+    total = None
+    dtype = next(model.parameters()).dtype
+    for start in range(0, len(indices), batch_size):
+        batch = collate([dataset[i] for i in indices[start : start + batch_size]], max_len)
+        steps = model(batch.input_ids, batch.aux_hidden.to(dtype), batch.attention_mask, ttt_length=ttt_length)
+        _, _, stats = ttt_loss(
+            steps,
+            target_draft_logits(batch.last_hidden, head_rows),
+            batch.target_token,
+            pred_mask_from_loss_mask(batch.loss_mask) & batch.attention_mask,
+            model.t2d,
+            model.d2t,
+        )
+        total = stats if total is None else total + stats
+    model.train(was_training)
+    return total
+
+
+def full_state_dict(engine: Any) -> dict[str, torch.Tensor]:
+    """The module's full weights, gathered from ZeRO-3 partitions when needed."""
+    import deepspeed
+
+    module = engine.module
+    if engine.zero_optimization_stage() == 3:
+        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+            return {k: v.detach().clone().cpu() for k, v in module.state_dict().items()}
+    return {k: v.detach().clone().cpu() for k, v in module.state_dict().items()}
+
+
+def train(
+    model: Eagle3Drafter,
+    dataset: Any,
+    cfg: TrainConfig,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+    on_validate: Callable[[int, StepStats], bool] | None = None,
+    progress: bool = True,
+) -> TrainResult:
+    """Train `model` (weights, d2t/t2d, embedding already in place) on `dataset` for cfg.max_steps.
+
+    on_step(step, metrics) gets train_loss, train_acc_<i>, lr; on_validate(step, stats) gets the
+    validation counts and returns True to stop (raises TrainingStopped)."""
+    import deepspeed
+
+    check_fit(model.config, dataset)
+    if cfg.max_steps < 1 or cfg.batch_size < 1 or cfg.ttt_length < 1:
+        raise BadInput("max_steps, batch_size and ttt_length must be >= 1")
+    train_idx, val_idx = split_indices(len(dataset), cfg.val_fraction, cfg.seed)
+    if not train_idx:
+        raise BadInput("dataset has no training samples")
+    ds_config = load_ds_config(cfg.ds_config, cfg, cfg.max_steps)
+    ensure_distributed()
+    bf16 = bool(ds_config.get("bf16", {}).get("enabled"))
+    torch.manual_seed(cfg.seed)
+    model.train()
+    head_rows = dataset.target_head()[model.t2d].float()
+    engine, _, _, scheduler = deepspeed.initialize(
+        model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_config
+    )
+    device = engine.device
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    head_rows = head_rows.to(device)
+    start_step = 0
+    ckpt_dir = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+    if ckpt_dir is not None and (ckpt_dir / "latest").is_file():
+        _, client = engine.load_checkpoint(str(ckpt_dir))
+        start_step = int((client or {}).get("step", 0))
+    history: list[dict[str, float]] = []
+    val_stats = None
+    tokens = 0
+    t0 = time.perf_counter()
+    bar = tqdm(
+        range(start_step, cfg.max_steps),
+        initial=start_step,
+        total=cfg.max_steps,
+        desc="train",
+        disable=not (progress and is_rank0()),
+        unit="step",
+    )
+    for step in bar:
+        batch = collate([dataset[i] for i in batch_indices(train_idx, cfg.batch_size, cfg.seed, step)], cfg.max_len)
+        aux = batch.aux_hidden.to(device, dtype)
+        steps = engine(
+            batch.input_ids.to(device),
+            aux,
+            batch.attention_mask.to(device),
+            ttt_length=cfg.ttt_length,
+            noise_std=cfg.noise_std,
+        )
+        mask = (pred_mask_from_loss_mask(batch.loss_mask) & batch.attention_mask).to(device)
+        loss, _, stats = ttt_loss(
+            steps,
+            target_draft_logits(batch.last_hidden.to(device), head_rows),
+            batch.target_token.to(device),
+            mask,
+            engine.module.t2d,
+            engine.module.d2t,
+            decay=cfg.step_decay,
+        )
+        loss_value = loss.item()
+        if not math.isfinite(loss_value):
+            raise TrainingDiverged(step + 1, loss_value)
+        engine.backward(loss)
+        engine.step()
+        tokens += batch.num_tokens
+        lr = scheduler.get_last_lr()[0] if scheduler is not None else cfg.lr
+        metrics = {
+            "train_loss": loss_value,
+            "lr": float(lr),
+            **{f"train_acc_{i}": a for i, a in enumerate(stats.accuracy)},
+        }
+        history.append(metrics)
+        if on_step is not None and is_rank0():
+            on_step(step + 1, metrics)
+        bar.set_postfix(loss=f"{loss_value:.3f}", acc0=f"{stats.accuracy[0]:.2f}")
+        done = step + 1
+        validate_now = val_idx and (done % cfg.val_every == 0 or done == cfg.max_steps)
+        if validate_now:
+            val_stats = offline_stats(
+                engine.module, dataset, val_idx, head_rows, cfg.ttt_length, cfg.batch_size, cfg.max_len
+            )
+        every = cfg.checkpoint_every or cfg.val_every
+        if ckpt_dir is not None and (done % every == 0 or done == cfg.max_steps):
+            engine.save_checkpoint(str(ckpt_dir), tag=f"step{done}", client_state={"step": done})
+        if validate_now and on_validate is not None and on_validate(done, val_stats) and done < cfg.max_steps:
+            raise TrainingStopped(done)
+    bar.close()
+    seconds = time.perf_counter() - t0
+    state = full_state_dict(engine)
+    trained = Eagle3Drafter(model.config)
+    trained.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    trained.has_embedding = True
+    trained.eval()
+    return TrainResult(trained, val_stats, cfg.max_steps - start_step, tokens, seconds, history)
