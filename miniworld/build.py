@@ -1,0 +1,434 @@
+"""Build the mini world: `python -m miniworld.build` (deterministic, seeded, about 20 minutes on 2 cores).
+
+It replays the seed's story in miniature with real trained models:
+1. a byte-level BPE tokenizer trained on text from the local Python installation (standard-library
+   sources and the English documentation that ships in pydoc_data), split into two eras;
+2. k2-mini: a DeepSeek-V3 (MLA + MoE) language model trained on era one, saved as a flat HF folder;
+3. k2.5-mini: k2-mini continued on a mix shifted to era two, saved the way Kimi-K2.5 ships;
+4. prompt sets whose assistant turns each target wrote itself (greedy), as SpecForge regenerates data;
+5. aq-mini-eagle3: an EAGLE-3 drafter trained (drafter/train.py, DeepSpeed) on k2-mini hidden states
+   from 20x more conversations than the K2.5 fine-tuning set, saved like AQ-MedAI's release.
+Figures and hashes land in miniworld/build_record.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import random
+import shutil
+import sysconfig
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from miniworld.models import deepseek_config, save_k25_style, train_tokenizer
+
+HERE = Path(__file__).resolve().parent
+TARGET_LAYERS = 6
+AUX_LAYERS = [1, 3, 4]  # early, middle, late: as [2, 30, 58] of Kimi-K2's 61
+
+
+@dataclass
+class BuildConfig:
+    seed: int = 0
+    vocab_size: int = 4096
+    hidden_size: int = 128
+    corpus_chars: int = 3_000_000
+    seq_len: int = 128
+    batch_size: int = 32
+    k2_steps: int = 1200
+    k25_steps: int = 500
+    lr: float = 3e-3
+    prompt_tokens: int = 48
+    reply_tokens: int = 48
+    aq_train_prompts: int = 1600
+    k25_train_prompts: int = 80
+    k25_val_prompts: int = 40
+    k25_test_prompts: int = 40
+    k2_val_prompts: int = 60
+    draft_vocab_size: int = 1024
+    drafter_steps: int = 1500
+    drafter_batch: int = 16
+    drafter_lr: float = 2e-3
+
+
+# ------------------------------------------------------------------------------------------- corpus
+def corpus(limit_chars: int) -> tuple[list[str], list[str], dict[str, str]]:
+    """Era one: stdlib modules a-m and the first half of the docs; era two: the rest.
+
+    Returns (era1, era2, sources) where sources maps each file read to its sha256."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in stdlib.glob("*.py") if not p.name.startswith("_"))
+    from pydoc_data import topics
+
+    docs = [topics.topics[k] for k in sorted(topics.topics)]
+    sources = {str(p.relative_to(stdlib)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+    sources["pydoc_data/topics.py"] = hashlib.sha256(Path(topics.__file__).read_bytes()).hexdigest()
+    era1 = [p.read_text(errors="replace") for p in files if p.name[0] <= "m"] + docs[: len(docs) // 2]
+    era2 = [p.read_text(errors="replace") for p in files if p.name[0] > "m"] + docs[len(docs) // 2 :]
+    return _cap(era1, limit_chars // 2), _cap(era2, limit_chars // 2), sources
+
+
+def _cap(texts: list[str], chars: int) -> list[str]:
+    out, n = [], 0
+    for t in texts:
+        if n >= chars:
+            break
+        out.append(t[: chars - n])
+        n += len(out[-1])
+    return out
+
+
+def token_stream(tok, texts: list[str]) -> torch.Tensor:
+    ids: list[int] = []
+    for t in texts:
+        ids += tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def chat_text(tok, user: str, reply: str) -> str:
+    return tok.apply_chat_template(
+        [{"role": "user", "content": user}, {"role": "assistant", "content": reply}], tokenize=False
+    )
+
+
+def chat_stream(tok, stream: torch.Tensor, cfg: BuildConfig, n: int, rng: random.Random) -> torch.Tensor:
+    """Conversations cut from the text: the user gives a passage, the assistant continues it."""
+    out: list[int] = []
+    span = cfg.prompt_tokens + cfg.reply_tokens
+    for _ in range(n):
+        s = rng.randrange(0, len(stream) - span)
+        user = "Continue:\n" + tok.decode(stream[s : s + cfg.prompt_tokens])
+        reply = tok.decode(stream[s + cfg.prompt_tokens : s + span])
+        out += tok(chat_text(tok, user, reply), add_special_tokens=False)["input_ids"]
+    return torch.tensor(out, dtype=torch.long)
+
+
+# ------------------------------------------------------------------------------------------- targets
+def train_lm(
+    model, streams: list[tuple[torch.Tensor, float]], cfg: BuildConfig, steps: int, seed: int, desc: str
+) -> list[float]:
+    """Plain next-token training on random windows drawn from weighted token streams."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    weights = torch.tensor([w for _, w in streams])
+    losses = []
+    model.train()
+    bar = tqdm(range(steps), desc=desc, unit="step")
+    for step in bar:
+        lr = cfg.lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        which = torch.multinomial(weights, cfg.batch_size, replacement=True, generator=gen)
+        rows = []
+        for w in which.tolist():
+            stream = streams[w][0]
+            s = int(torch.randint(0, len(stream) - cfg.seq_len - 1, (1,), generator=gen))
+            rows.append(stream[s : s + cfg.seq_len + 1])
+        batch = torch.stack(rows)
+        logits = model(input_ids=batch[:, :-1]).logits
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+    model.eval()
+    return losses
+
+
+@torch.no_grad()
+def heldout_loss(model, stream: torch.Tensor, seq_len: int, windows: int = 64) -> float:
+    starts = torch.linspace(0, len(stream) - seq_len - 2, windows).long()
+    batch = torch.stack([stream[s : s + seq_len + 1] for s in starts.tolist()])
+    logits = model(input_ids=batch[:, :-1]).logits
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1)).item()
+
+
+# ------------------------------------------------------------------------------------------- prompts
+@torch.no_grad()
+def self_distilled(model, tok, stream: torch.Tensor, starts: list[int], cfg: BuildConfig) -> list[dict]:
+    """Conversations whose assistant turn is the target's own greedy reply (SpecForge's regeneration)."""
+    users = ["Continue:\n" + tok.decode(stream[s : s + cfg.prompt_tokens]) for s in starts]
+    records = []
+    tok.padding_side = "left"
+    for i in tqdm(range(0, len(users), 64), desc="replies", unit="batch"):
+        chunk = users[i : i + 64]
+        texts = [
+            tok.apply_chat_template([{"role": "user", "content": u}], tokenize=False, add_generation_prompt=True)
+            for u in chunk
+        ]
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        out = model.generate(
+            **enc,
+            max_new_tokens=cfg.reply_tokens,
+            do_sample=False,
+            eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+            pad_token_id=tok.pad_token_id,
+        )
+        for u, row in zip(chunk, out[:, enc["input_ids"].shape[1] :], strict=True):
+            reply = tok.decode(row, skip_special_tokens=True)
+            records.append({"messages": [{"role": "user", "content": u}, {"role": "assistant", "content": reply}]})
+    return records
+
+
+def disjoint_starts(length: int, span: int, counts: list[int], rng: random.Random) -> list[list[int]]:
+    """Non-overlapping windows, dealt out to several prompt sets (so the sets share no text)."""
+    slots = list(range(0, length - span, span))
+    rng.shuffle(slots)
+    need = sum(counts)
+    if need > len(slots):
+        raise RuntimeError(f"corpus too small for {need} prompts")
+    out, k = [], 0
+    for c in counts:
+        out.append(sorted(slots[k : k + c]))
+        k += c
+    return out
+
+
+def write_jsonl(path: Path, records: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+
+
+# ------------------------------------------------------------------------------------------- drafter
+def drafter_config(cfg: BuildConfig, tok):
+    from drafter.config import DrafterConfig
+
+    return DrafterConfig(
+        hidden_size=cfg.hidden_size,
+        intermediate_size=2 * cfg.hidden_size,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=cfg.hidden_size // 4,
+        vocab_size=len(tok),
+        draft_vocab_size=cfg.draft_vocab_size,
+        aux_layer_ids=AUX_LAYERS,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=1024,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        torch_dtype="bfloat16",
+        extra={"model_type": "llama", "hidden_act": "silu", "num_hidden_layers": 1, "tie_word_embeddings": False},
+    )
+
+
+MODEL_CARD = """---
+license: mit
+base_model: k2-mini
+tags: [eagle3, speculative-decoding, drafterops-miniworld]
+---
+# aq-mini-eagle3
+
+An EAGLE-3 draft model for **k2-mini**, the mini world's stand-in for AQ-MedAI/Kimi-K2-Instruct-eagle3.
+Built by `python -m miniworld.build` (drafterops).
+
+- Target: k2-mini (DeepSeek-V3 architecture, {layers} layers, hidden {hidden})
+- Auxiliary hidden-state layers: {aux}
+- Draft vocabulary: {vd} of {v} tokens
+- Training samples: {samples} conversations ({tokens} tokens)
+- Simulated accept_len on k2-mini held-out data (3 draft steps, bonus token included): {sim:.2f}
+
+## License
+MIT
+"""
+
+
+def capture_set(target_dir: Path, records: list[dict], out: Path, max_len: int = 256) -> Path:
+    from drafter.capture import capture, plan_capture
+    from drafter.target import load_target
+
+    target = load_target(target_dir)
+    meta = {
+        "target": target_dir.name,
+        "layer_ids": AUX_LAYERS,
+        "hidden_size": target.config.hidden_size,
+        "vocab_size": target.config.vocab_size,
+        "prompts_sha256": hashlib.sha256(json.dumps(records).encode()).hexdigest(),
+        "max_len": max_len,
+        "limit": 0,
+    }
+    capture(target, plan_capture(target, records, max_len), out, AUX_LAYERS, meta)
+    return out
+
+
+def sim_accept_len(model, dataset_dir: Path, steps: int = 3) -> tuple[float, list[float]]:
+    from drafter.data import HiddenStateDataset
+    from drafter.train import offline_stats
+
+    ds = HiddenStateDataset(dataset_dir)
+    stats = offline_stats(model, ds, list(range(len(ds))), ds.target_head()[model.t2d].float(), steps)
+    return stats.sim_accept_len, stats.conditional_acceptance
+
+
+def sha256_tree(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+# ------------------------------------------------------------------------------------------- main
+def build(cfg: BuildConfig, out: Path) -> dict:
+    from transformers import DeepseekV3ForCausalLM
+
+    from drafter.checkpoint import save_drafter
+    from drafter.data import HiddenStateDataset
+    from drafter.train import TrainConfig, scratch_drafter, train
+
+    t_start = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    era1, era2, sources = corpus(cfg.corpus_chars)
+    tok = train_tokenizer(era1 + era2, cfg.vocab_size)
+    s1, s2 = token_stream(tok, era1), token_stream(tok, era2)
+    # the last 5% of each era is held out for loss figures and prompt sets
+    cut1, cut2 = int(0.95 * len(s1)), int(0.95 * len(s2))
+    train1, held1, train2, held2 = s1[:cut1], s1[cut1:], s2[:cut2], s2[cut2:]
+    chat1 = chat_stream(tok, train1, cfg, 4000, rng)
+    chat2 = chat_stream(tok, train2, cfg, 4000, rng)
+    figures: dict = {"tokens": {"era1": len(s1), "era2": len(s2)}, "log_vocab": math.log(len(tok))}
+
+    model = DeepseekV3ForCausalLM(
+        deepseek_config(len(tok), hidden_size=cfg.hidden_size, layers=TARGET_LAYERS, max_position_embeddings=1024)
+    )
+    k2_losses = train_lm(model, [(train1, 0.6), (chat1, 0.4)], cfg, cfg.k2_steps, cfg.seed, "k2-mini")
+    figures["k2-mini"] = {
+        "train_loss_last": sum(k2_losses[-20:]) / len(k2_losses[-20:]),
+        "heldout_loss_era1": heldout_loss(model, held1, cfg.seq_len),
+        "heldout_loss_era2": heldout_loss(model, held2, cfg.seq_len),
+    }
+    k2_dir = out / "k2-mini"
+    shutil.rmtree(k2_dir, ignore_errors=True)
+    model.to(torch.bfloat16).save_pretrained(k2_dir)
+    tok.save_pretrained(k2_dir)
+    model.float()
+    # the aq drafter's data and the k2 held-out prompts, written by k2-mini itself
+    span = cfg.prompt_tokens + 1
+    aq_starts = disjoint_starts(len(train1), span, [cfg.aq_train_prompts], rng)[0]
+    k2_val_starts = disjoint_starts(len(held1), span, [cfg.k2_val_prompts], rng)[0]
+    aq_records = self_distilled(model, tok, train1, aq_starts, cfg)
+    k2_val_records = self_distilled(model, tok, held1, k2_val_starts, cfg)
+
+    k25_losses = train_lm(
+        model, [(train2, 0.5), (chat2, 0.3), (train1, 0.1), (chat1, 0.1)], cfg, cfg.k25_steps, cfg.seed + 1, "k2.5-mini"
+    )
+    figures["k2.5-mini"] = {
+        "train_loss_last": sum(k25_losses[-20:]) / len(k25_losses[-20:]),
+        "heldout_loss_era1": heldout_loss(model, held1, cfg.seq_len),
+        "heldout_loss_era2": heldout_loss(model, held2, cfg.seq_len),
+    }
+    k25_dir = out / "k2.5-mini"
+    shutil.rmtree(k25_dir, ignore_errors=True)
+    save_k25_style(model.to(torch.bfloat16), k25_dir, tok)
+    model.float()
+    sets = disjoint_starts(len(held2), span, [cfg.k25_train_prompts, cfg.k25_val_prompts, cfg.k25_test_prompts], rng)
+    prompt_dir = out / "prompts"
+    for name, starts in zip(("k2.5-train", "k2.5-val", "k2.5-test"), sets, strict=True):
+        write_jsonl(prompt_dir / f"{name}.jsonl", self_distilled(model, tok, held2, starts, cfg))
+    write_jsonl(prompt_dir / "k2-val.jsonl", k2_val_records)
+
+    with tempfile.TemporaryDirectory() as tmp_:
+        tmp = Path(tmp_)
+        aq_data = capture_set(k2_dir, aq_records, tmp / "aq-data")
+        k2_val = capture_set(k2_dir, k2_val_records, tmp / "k2-val")
+        k25_val = capture_set(
+            k25_dir, [json.loads(x) for x in (prompt_dir / "k2.5-val.jsonl").read_text().splitlines()], tmp / "k25-val"
+        )
+        ds = HiddenStateDataset(aq_data)
+        dcfg = drafter_config(cfg, tok)
+        drafter = scratch_drafter(dcfg, ds, list(range(len(ds))), seed=cfg.seed)
+        tcfg = TrainConfig(
+            max_steps=cfg.drafter_steps,
+            batch_size=cfg.drafter_batch,
+            max_len=256,
+            lr=cfg.drafter_lr,
+            ttt_length=3,
+            val_fraction=0.05,
+            val_every=250,
+            seed=cfg.seed,
+        )
+        result = train(drafter, ds, tcfg)
+        sim_k2, acc_k2 = sim_accept_len(result.model, k2_val)
+        sim_k25, acc_k25 = sim_accept_len(result.model, k25_val)
+        figures["aq-mini-eagle3"] = {
+            "train_samples": len(ds),
+            "train_tokens": ds.index["num_tokens"],
+            "sim_accept_len_k2_mini": sim_k2,
+            "acc_pos_k2_mini": acc_k2,
+            "sim_accept_len_k2.5_mini": sim_k25,
+            "acc_pos_k2.5_mini": acc_k25,
+            "drop": sim_k2 - sim_k25,
+            "train_seconds": result.seconds,
+        }
+        aq_dir = out / "aq-mini-eagle3"
+        shutil.rmtree(aq_dir, ignore_errors=True)
+        save_drafter(result.model, aq_dir, include_embedding=False)
+        (aq_dir / "README.md").write_text(
+            MODEL_CARD.format(
+                layers=TARGET_LAYERS,
+                hidden=cfg.hidden_size,
+                aux=AUX_LAYERS,
+                vd=cfg.draft_vocab_size,
+                v=len(tok),
+                samples=len(ds),
+                tokens=ds.index["num_tokens"],
+                sim=sim_k2,
+            )
+        )
+    for name in ("k2-mini", "k2.5-mini"):
+        f = figures[name]
+        f["perplexity_era1"], f["perplexity_era2"] = math.exp(f["heldout_loss_era1"]), math.exp(f["heldout_loss_era2"])
+    record = {
+        "config": asdict(cfg),
+        "aux_layer_ids": AUX_LAYERS,
+        "target_layers": TARGET_LAYERS,
+        "torch": torch.__version__,
+        "corpus_sources": len(sources),
+        "corpus_digest": hashlib.sha256(json.dumps(sources, sort_keys=True).encode()).hexdigest(),
+        "figures": figures,
+        "build_seconds": time.perf_counter() - t_start,
+        "artifacts": {name: sha256_tree(out / name) for name in ("k2-mini", "k2.5-mini", "aq-mini-eagle3", "prompts")},
+    }
+    (out / "build_record.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        prog="python -m miniworld.build", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--out", default=str(HERE), help="where the artifacts go (default: miniworld/)")
+    p.add_argument("--quick", action="store_true", help="a few steps of everything (smoke test, not for use)")
+    args = p.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    cfg = BuildConfig()
+    if args.quick:
+        cfg = BuildConfig(
+            corpus_chars=400_000,
+            k2_steps=20,
+            k25_steps=10,
+            aq_train_prompts=64,
+            k25_train_prompts=8,
+            k25_val_prompts=8,
+            k25_test_prompts=8,
+            k2_val_prompts=8,
+            drafter_steps=20,
+        )
+    record = build(cfg, Path(args.out))
+    print(json.dumps(record["figures"], indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Alias moves with an audit trail. Aliases are the source of truth; the legacy stage is mirrored.
+
+Every move is one run in the `drafterops-audit` experiment (who, when, which alias, from which
+version to which, why), so the MLflow UI lists the history and nothing is lost to tag size limits."""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import time
+import warnings
+from typing import Any
+
+from registry import naming
+
+AUDIT_EXPERIMENT = "drafterops-audit"
+
+
+def _audit_experiment(c: Any) -> str:
+    exp = c.get_experiment_by_name(AUDIT_EXPERIMENT)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return c.create_experiment(AUDIT_EXPERIMENT)
+    except Exception:  # created meanwhile by a concurrent decision
+        return c.get_experiment_by_name(AUDIT_EXPERIMENT).experiment_id
+
+
+def current_alias_version(c: Any, name: str, alias: str) -> str | None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return str(c.get_model_version_by_alias(name, alias).version)
+    except MlflowException:
+        return None
+
+
+def record(c: Any, name: str, version: str, decision: str, reasons: dict[str, Any] | str, **extra: str) -> str:
+    """One audit run for a decision (alias move, refusal, gate result)."""
+    exp = _audit_experiment(c)
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    tags = {
+        "model": name,
+        "version": str(version),
+        "decision": decision,
+        "actor": getpass.getuser(),
+        "time": when,
+        "mlflow.runName": f"{decision} {name}/v{version}",
+        **{k: str(v) for k, v in extra.items()},
+    }
+    run = c.create_run(exp, tags=tags)
+    text = reasons if isinstance(reasons, str) else json.dumps(reasons, indent=2, default=str)
+    c.log_text(run.info.run_id, text, "reasons.json" if not isinstance(reasons, str) else "reasons.md")
+    c.set_terminated(run.info.run_id)
+    return run.info.run_id
+
+
+def move_alias(c: Any, name: str, alias: str, version: str, reason: str) -> str | None:
+    """Point `alias` at `version`, mirror the legacy stage, mark the replaced version; returns it."""
+    previous = current_alias_version(c, name, alias)
+    record(c, name, version, f"alias:{alias}", reason, alias=alias, previous=previous or "")
+    c.set_registered_model_alias(name, alias, str(version))
+    stage = naming.LEGACY_STAGE.get(alias)
+    if stage:
+        mirror_stage(c, name, str(version), stage)
+    if previous and previous != str(version):
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        c.set_model_version_tag(name, previous, f"replaced.{alias}", f"{when} by version {version}")
+    return previous
+
+
+def mirror_stage(c: Any, name: str, version: str, stage: str) -> None:
+    """Legacy stages (deprecated in MLflow 3): mirrored quietly while the server supports them."""
+    with warnings.catch_warnings(), contextlib.suppress(Exception):
+        warnings.simplefilter("ignore")
+        c.transition_model_version_stage(name, version, stage, archive_existing_versions=True)

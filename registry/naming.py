@@ -1,0 +1,35 @@
+"""Registered-model names and the fixed tag/alias vocabulary of DESIGN.md."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ALIASES = ("imported", "candidate", "staging", "production")
+LEGACY_STAGE = {"staging": "Staging", "production": "Production"}
+
+TAG_SOURCE = "source"
+TAG_SHA256 = "sha256"
+TAG_TRAINED_FOR = "trained_for"
+TAG_PARENT = "parent"
+TAG_DATASET = "dataset_digest"
+TAG_GATE = "shape_gate"
+TAG_GATE_TARGET = "shape_gate.target"
+TAG_PROMOTION = "promotion"
+TAG_COMPLETE = "drafterops.complete"  # set last, just before an alias: a version without it is a crash leftover
+MODEL_TAG_TARGET = "target"
+
+
+def target_slug(target: str) -> str:
+    """'moonshotai/Kimi-K2.5' -> 'kimi-k2.5'; 'miniworld/k2.5-mini/' -> 'k2.5-mini'."""
+    name = Path(str(target).rstrip("/").removeprefix("hf://").split("@")[0]).name
+    slug = re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-.")
+    return slug or "target"
+
+
+def model_name_for(target: str) -> str:
+    return f"{target_slug(target)}-eagle3"
+
+
+def eval_tag(profile: str, key: str) -> str:
+    return f"eval.{profile}.{key}"

@@ -1,0 +1,155 @@
+"""Drafters in the MLflow Model Registry: register (idempotently, alias last), resolve and download."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from drafter.checkpoint import INDEX_FILE, weight_files
+from drafter.errors import BadInput
+from registry import naming
+from registry.resolve import DrafterRef
+
+URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[A-Za-z0-9_-]+))$")
+
+
+def client():
+    from mlflow import MlflowClient
+
+    os.environ.setdefault("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    warnings.filterwarnings("ignore", module="mlflow")
+    return MlflowClient()
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        while block := fh.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_hashes(folder: Path) -> dict[str, str]:
+    """sha256 of every file worth recording (weights, config, card, licence)."""
+    folder = Path(folder)
+    names = set(weight_files(folder)) | {
+        n for n in ("config.json", INDEX_FILE, "README.md", "LICENSE") if (folder / n).is_file()
+    }
+    return {n: sha256_file(folder / n) for n in sorted(names)}
+
+
+def weights_sha256(hashes: dict[str, str]) -> str:
+    """The weights' identity: the file's hash, or a hash of the sorted shard hashes when sharded."""
+    shards = sorted(v for k, v in hashes.items() if k.endswith(".safetensors"))
+    if len(shards) == 1:
+        return shards[0]
+    return hashlib.sha256("\n".join(shards).encode()).hexdigest()
+
+
+def parse_uri(uri: str) -> tuple[str, str | None, str | None]:
+    m = URI.match(uri)
+    if not m:
+        raise BadInput(f"{uri}: not a model URI (models:/<name>/<version> or models:/<name>@<alias>)")
+    return m["name"], m["version"], m["alias"]
+
+
+def get_version(uri: str, mlflow_client: Any = None):
+    """The ModelVersion a models:/ URI names; a clear error when it does not exist."""
+    from mlflow.exceptions import MlflowException
+
+    c = mlflow_client or client()
+    name, version, alias = parse_uri(uri)
+    try:
+        mv = c.get_model_version(name, version) if version else c.get_model_version_by_alias(name, alias)
+    except MlflowException:
+        raise BadInput(f"{uri}: no such registered model version in {c.tracking_uri}") from None
+    if mv.tags.get(naming.TAG_COMPLETE) != "true":
+        raise BadInput(f"{uri}: version {mv.version} was never completely registered (an interrupted import)")
+    return mv
+
+
+def download_version(uri: str, dst: str | Path | None = None) -> DrafterRef:
+    """Resolve a models:/ URI and download its drafter folder (the model's own files)."""
+    import mlflow
+
+    mv = get_version(uri)
+    dst = Path(dst) if dst else cache_dir() / mv.name / str(mv.version)
+    if not (dst / "config.json").is_file():
+        dst.mkdir(parents=True, exist_ok=True)
+        mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{mv.name}/{mv.version}", dst_path=str(dst))
+    return DrafterRef(uri, dst, "registry", model_name=mv.name, model_version=str(mv.version))
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("DRAFTEROPS_CACHE", Path.home() / ".cache" / "drafterops" / "registry"))
+
+
+def find_complete_version(c: Any, name: str, sha: str):
+    for mv in c.search_model_versions(f"name='{name}'"):
+        if mv.tags.get(naming.TAG_SHA256) == sha and mv.tags.get(naming.TAG_COMPLETE) == "true":
+            return mv
+    return None
+
+
+def drop_incomplete(c: Any, name: str, sha: str) -> list[str]:
+    """Versions a crash left behind for these weights (never aliased): delete them."""
+    dropped = []
+    for mv in c.search_model_versions(f"name='{name}'"):
+        if mv.tags.get(naming.TAG_SHA256) == sha and mv.tags.get(naming.TAG_COMPLETE) != "true":
+            c.delete_model_version(name, mv.version)
+            dropped.append(mv.version)
+    return dropped
+
+
+def ensure_registered_model(c: Any, name: str, target: str) -> None:
+    """Create the registered model for `target`, or refuse a name that belongs to another target."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        rm = c.get_registered_model(name)
+    except MlflowException:
+        c.create_registered_model(
+            name,
+            tags={naming.MODEL_TAG_TARGET: target},
+            description=f"EAGLE-3 drafters for target `{target}` (managed by drafterops).",
+        )
+        return
+    owner = rm.tags.get(naming.MODEL_TAG_TARGET)
+    if owner is not None and owner != target:
+        raise BadInput(f"registered model {name!r} belongs to target {owner!r}, not {target!r}; choose another name")
+    if owner is None:
+        c.set_registered_model_tag(name, naming.MODEL_TAG_TARGET, target)
+
+
+def register_drafter(folder: Path, name: str, tags: dict[str, str], description: str):
+    """Log the drafter as a `drafterops`-flavor model in the active run and create a version.
+
+    The version gets every tag and its description first and `drafterops.complete` last; aliases are
+    set by the caller after that, so a crash anywhere leaves nothing under an alias."""
+    import mlflow
+    from mlflow.models import Model
+
+    from registry import flavor
+
+    c = client()
+    run = mlflow.active_run()
+    info = Model.log(
+        artifact_path=None,
+        name="drafter",
+        flavor=flavor,
+        drafter_folder=str(folder),
+        run_id=run.info.run_id if run else None,
+    )
+    mv = mlflow.register_model(info.model_uri, name, tags=tags, await_registration_for=300)
+    c.update_model_version(name, mv.version, description=description)
+    for _ in range(300):
+        if c.get_model_version(name, mv.version).status == "READY":
+            break
+        time.sleep(0.1)
+    c.set_model_version_tag(name, mv.version, naming.TAG_COMPLETE, "true")
+    return c.get_model_version(name, mv.version)

@@ -1,0 +1,201 @@
+"""`import_drafter`: bring a public drafter (hub id or local folder) into the Model Registry with provenance."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import tempfile
+from pathlib import Path
+
+from drafter.checkpoint import header_problems, load_config, read_header
+from drafter.errors import BadInput
+from registry import naming
+from registry.resolve import HUB_DRAFTER_FILES, parse_hub_ref
+from steps._cli import log_params, none_if_empty, parser, run_step, step_run
+
+MINIWORLD = Path(__file__).resolve().parent.parent / "miniworld"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
+
+
+def build() -> argparse.ArgumentParser:
+    p = parser("import_drafter", __doc__)
+    p.add_argument(
+        "--source",
+        default=str(MINIWORLD / "aq-mini-eagle3"),
+        help="hub id (org/name, org/name@rev, hf://org/name@rev) or a local drafter folder",
+    )
+    p.add_argument("--revision", default="", help="hub revision (branch, tag or commit); pinned to its commit")
+    p.add_argument("--name", default="", help="registered model name (default: <target-slug>-eagle3)")
+    p.add_argument("--target", default=str(MINIWORLD / "k2.5-mini"), help="the target this model is registered for")
+    p.add_argument("--trained_for", default="", help="target the weights were trained on (default: model card)")
+    p.add_argument("--allow_pickle", default="false", help="accept .bin/.pt weights (read with weights_only=True)")
+    return p
+
+
+def fetch(source: str, revision: str | None) -> tuple[Path, str, str | None]:
+    """(folder, source tag, pinned commit). Local folders as they are; hub ids by snapshot_download
+    limited to configs, safetensors, card and licence, pinned to the commit they resolve to."""
+    path = Path(source)
+    if path.exists():
+        if not path.is_dir():
+            raise BadInput(f"{source}: not a folder")
+        return path, f"file://{path.resolve()}", None
+    repo, rev = parse_hub_ref(source)
+    if repo.count("/") != 1 or source.startswith(("/", ".")):
+        raise BadInput(f"{source}: no such folder, and not a hub id (org/name)")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        folder = Path(
+            snapshot_download(
+                repo, revision=revision or rev, allow_patterns=[*HUB_DRAFTER_FILES, *[f"*{s}" for s in PICKLE_SUFFIXES]]
+            )
+        )
+    except LocalEntryNotFoundError:
+        raise BadInput(f"{source}: not in the local hub cache and the hub cannot be reached (offline?)") from None
+    except (RepositoryNotFoundError, HfHubHTTPError, OSError, ValueError) as exc:
+        first = str(exc).splitlines()[0][:160] if str(exc) else exc.__class__.__name__
+        raise BadInput(f"{source}: cannot download from the hub ({first})") from None
+    commit = folder.name  # snapshot folders are named by the commit they hold
+    return folder, f"hf://{repo}@{commit}", commit
+
+
+def convert_pickle(folder: Path, out: Path) -> Path:
+    """Opt-in path for torch pickles: read with weights_only=True, write safetensors."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    files = sorted(p for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    state = {}
+    for f in files:
+        try:
+            loaded = torch.load(f, map_location="cpu", weights_only=True)
+        except Exception as exc:  # any unpickling failure: name the file, keep the reason short
+            raise BadInput(f"{f}: not loadable with weights_only=True ({exc.__class__.__name__})") from None
+        state.update({k: v.contiguous() for k, v in loaded.items()})
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    for name in ("config.json", "README.md", "LICENSE"):
+        if (folder / name).is_file():
+            shutil.copyfile(folder / name, out / name)
+    return out
+
+
+def model_card(folder: Path) -> dict[str, str]:
+    """Licence, base model and training-sample count, when the card or a LICENSE file says so."""
+    info: dict[str, str] = {}
+    card = folder / "README.md"
+    text = card.read_text(errors="replace") if card.is_file() else ""
+    front = re.match(r"^---\n(.*?)\n---", text, re.S)
+    if front:
+        import yaml
+
+        try:
+            meta = yaml.safe_load(front.group(1)) or {}
+        except yaml.YAMLError:
+            meta = {}
+        if isinstance(meta, dict):
+            for key in ("license", "base_model"):
+                if meta.get(key):
+                    info[key] = str(meta[key])
+    m = re.search(r"(?i)training samples?\D{0,20}([\d.,]+\s*[kKmM]?)", text) or re.search(
+        r"(?i)([\d.,]+\s*[kKmM]?)\s+(?:training\s+)?samples", text
+    )
+    if m:
+        info["training_samples"] = m.group(1).strip()
+    if "license" not in info and (folder / "LICENSE").is_file():
+        info["license"] = (folder / "LICENSE").read_text(errors="replace").strip().splitlines()[0][:80]
+    return info
+
+
+def describe(source_tag: str, hashes: dict[str, str], header: dict, card: dict[str, str], trained_for: str) -> str:
+    rows = "\n".join(f"| `{k}` | {list(v.shape)} | {v.dtype} |" for k, v in sorted(header.items()))
+    files = "\n".join(f"| `{k}` | `{v}` |" for k, v in hashes.items())
+    params = sum(
+        v.nbytes // (2 if v.dtype in ("BF16", "F16") else 4)
+        for k, v in header.items()
+        if v.dtype in ("BF16", "F16", "F32")
+    )
+    return (
+        f"## Imported drafter\n\n- **source**: `{source_tag}`\n- **trained for**: `{trained_for}`\n"
+        f"- **licence**: {card.get('license', 'not stated')}\n"
+        f"- **training samples**: {card.get('training_samples', 'not stated')}\n"
+        f"- **parameters**: {params / 1e6:.2f} M (without embed_tokens)\n\n"
+        f"### Files\n\n| file | sha256 |\n|---|---|\n{files}\n\n"
+        f"### Tensors\n\n| tensor | shape | dtype |\n|---|---|---|\n{rows}\n"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from registry import audit, store
+
+    allow_pickle = str(args.allow_pickle).lower() in ("1", "true", "yes")
+    folder, source_tag, commit = fetch(args.source, none_if_empty(args.revision))
+    with tempfile.TemporaryDirectory() as tmp:
+        pickles = [p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES]
+        if pickles and not any(folder.glob("*.safetensors")):
+            if not allow_pickle:
+                raise BadInput(
+                    f"{folder}: weights are pickle files ({', '.join(pickles)}); unpickling can run "
+                    "arbitrary code. Convert to safetensors, or pass --allow_pickle true to read them "
+                    "with torch.load(weights_only=True)"
+                )
+            folder = convert_pickle(folder, Path(tmp) / "converted")
+        cfg = load_config(folder)
+        header = read_header(folder)  # header checks only: no weights enter memory
+        problems = header_problems(header, cfg)
+        if problems:
+            raise BadInput(f"{folder}: checkpoint does not match its config: " + "; ".join(problems))
+        hashes = store.file_hashes(folder)
+        sha = store.weights_sha256(hashes)
+        card = model_card(folder)
+        trained_for = none_if_empty(args.trained_for) or card.get("base_model", "unknown")
+        target = str(args.target)
+        name = none_if_empty(args.name) or naming.model_name_for(target)
+        c = store.client()
+        store.ensure_registered_model(c, name, target)
+        existing = store.find_complete_version(c, name, sha)
+        if existing is not None:
+            print(
+                f"import_drafter: already registered as models:/{name}/{existing.version} (sha256 {sha[:12]}); "
+                "nothing added"
+            )
+            return 0
+        store.drop_incomplete(c, name, sha)
+        import mlflow
+
+        tags = {
+            naming.TAG_SOURCE: source_tag,
+            naming.TAG_SHA256: sha,
+            naming.TAG_TRAINED_FOR: trained_for,
+            **{f"card.{k}": v for k, v in card.items()},
+        }
+        with step_run("import_drafter"):
+            log_params(
+                {
+                    "source": args.source,
+                    "revision": commit or none_if_empty(args.revision) or "",
+                    "name": name,
+                    "target": target,
+                    "trained_for": trained_for,
+                }
+            )
+            mlflow.set_tags({f"drafter.{k}": v for k, v in tags.items()})
+            mlflow.log_dict(hashes, "sha256.json")
+            mv = store.register_drafter(folder, name, tags, describe(source_tag, hashes, header, card, trained_for))
+            audit.move_alias(c, name, "imported", mv.version, f"imported from {source_tag}")
+    print(
+        f"import_drafter: registered models:/{name}/{mv.version} (alias imported) from {source_tag}, sha256 {sha[:12]}"
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_step("import_drafter", build, run, argv)
+
+
+if __name__ == "__main__":
+    main()
