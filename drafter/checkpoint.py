@@ -333,3 +333,31 @@ def export_drafter(src: str | Path, out: str | Path) -> Path:
         )
     shutil.copyfile(src / "config.json", out / "config.json")
     return out
+
+
+def read_hub_header(repo_id: str, revision: str | None = None) -> dict[str, TensorInfo]:
+    """Tensor headers of a hub repository through huggingface_hub's safetensors metadata (HTTP range
+    reads of each file's header): never the weights."""
+    from huggingface_hub import get_safetensors_metadata
+
+    meta = get_safetensors_metadata(repo_id, revision=revision)
+    out: dict[str, TensorInfo] = {}
+    for fname, fmeta in meta.files_metadata.items():
+        for name, t in fmeta.tensors.items():
+            out[name] = TensorInfo(t.dtype, tuple(t.shape), fname)
+    return out
+
+
+def tensor_header(folder: str | Path, name: str) -> TensorInfo | None:
+    """One tensor's header from a model folder, reading only the shard the index names for it."""
+    folder = Path(folder)
+    index = folder / INDEX_FILE
+    if index.is_file():
+        shard = read_json(index).get("weight_map", {}).get(name)
+        return read_file_header(folder / shard).get(name) if shard else None
+    files = [p.name for p in folder.glob("*.safetensors")]
+    for fname in sorted(files):
+        info = read_file_header(folder / fname).get(name)
+        if info is not None:
+            return info
+    return None

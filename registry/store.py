@@ -153,3 +153,19 @@ def register_drafter(folder: Path, name: str, tags: dict[str, str], description:
         time.sleep(0.1)
     c.set_model_version_tag(name, mv.version, naming.TAG_COMPLETE, "true")
     return c.get_model_version(name, mv.version)
+
+
+def version_folder(uri: str) -> tuple[Any, Path]:
+    """(ModelVersion, folder with its files): in place when the artifact store is a local path, so a
+    header-only check reads headers only; downloaded otherwise."""
+    from urllib.parse import unquote, urlparse
+
+    c = client()
+    mv = get_version(uri, c)
+    location = c.get_model_version_download_uri(mv.name, mv.version)
+    parsed = urlparse(location)
+    if parsed.scheme in ("", "file"):
+        folder = Path(unquote(parsed.path))
+        if (folder / "config.json").is_file():
+            return mv, folder
+    return mv, download_version(f"models:/{mv.name}/{mv.version}").folder

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.sparse import write_sparse_safetensors
+from bench.sparse import k2_vocab_maps, write_sparse_safetensors
 from drafter.config import DrafterConfig
 from drafter.model import Eagle3Drafter
 from drafter.vocab import build_vocab_maps
@@ -82,7 +82,7 @@ def k2_sparse_drafter(tmp_path: Path) -> Path:
     folder = tmp_path / "kimi-k2-eagle3"
     folder.mkdir()
     (folder / "config.json").write_text((REFERENCE / "kimi-k2-eagle3.config.json").read_text())
-    write_sparse_safetensors(folder / "model.safetensors", k2_drafter_tensors())
+    write_sparse_safetensors(folder / "model.safetensors", k2_drafter_tensors(), data=k2_vocab_maps())
     return folder
 
 

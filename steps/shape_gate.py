@@ -1,0 +1,108 @@
+"""`shape_gate`: prove from headers and configs alone that a drafter fits a target; exit 1 when not."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from drafter.compat import Check, check_compat, compare_drafters, drafter_facts, passed, target_facts
+from steps._cli import log_params, none_if_empty, parser, run_step, step_run
+from steps.import_drafter import MINIWORLD
+
+
+def build() -> argparse.ArgumentParser:
+    p = parser("shape_gate", __doc__)
+    p.add_argument(
+        "--model",
+        default="models:/k2.5-mini-eagle3@imported",
+        help="models:/name/N, models:/name@alias, a local drafter folder or a hub id",
+    )
+    p.add_argument("--target", default=str(MINIWORLD / "k2.5-mini"), help="target folder or hub id")
+    p.add_argument("--reference", default="", help="a second drafter to compare side by side (optional)")
+    return p
+
+
+def table(checks: list[Check]) -> str:
+    lines = ["| check | expected | actual | verdict |", "|---|---|---|---|"]
+    lines += [f"| {c.name} | {c.expected} | {c.actual} | {c.verdict} |" for c in checks]
+    return "\n".join(lines)
+
+
+def comparison_table(rows, a: str, b: str) -> str:
+    lines = [f"| tensor | {a} | {b} | match |", "|---|---|---|---|"]
+    lines += [f"| {name} | {x} | {y} | {m} |" for name, x, y, m in rows]
+    return "\n".join(lines)
+
+
+def facts_for(ref: str):
+    """(DrafterFacts, ModelVersion or None) for any way of naming a drafter."""
+    if ref.startswith("models:/"):
+        from registry import store
+
+        mv, folder = store.version_folder(ref)
+        facts = drafter_facts(folder)
+        facts.source = f"models:/{mv.name}/{mv.version}"
+        return facts, mv
+    return drafter_facts(ref), None
+
+
+def section(target: str, ok: bool, md: str) -> str:
+    return (
+        f"<!-- shape_gate:{target} -->\n## Shape gate vs `{target}`: {'passed' if ok else 'FAILED'}\n\n{md}\n"
+        f"<!-- /shape_gate:{target} -->"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import mlflow
+    import pandas as pd
+
+    facts, mv = facts_for(args.model)
+    tfacts = target_facts(args.target)
+    checks = check_compat(facts, tfacts)
+    ok = passed(checks)
+    md = table(checks)
+    verdict = "passed" if ok else "failed"
+    out = [f"shape_gate: {facts.source} vs target {tfacts.source}", "", md]
+    reference = none_if_empty(args.reference)
+    cmp_md = None
+    if reference:
+        ref_facts, _ = facts_for(reference)
+        cmp_md = comparison_table(compare_drafters(ref_facts.header, facts.header), reference, args.model)
+        out += ["", f"side by side: {reference} vs {args.model}", "", cmp_md]
+    failed = [c.name for c in checks if c.ok is False]
+    out += ["", f"shape_gate: {verdict.upper()}" + (f" ({', '.join(failed)})" if failed else "")]
+    print("\n".join(out))
+    with step_run("shape_gate"):
+        log_params({"model": args.model, "target": args.target, "reference": reference or ""})
+        mlflow.log_table(
+            pd.DataFrame([c.__dict__ | {"verdict": c.verdict} for c in checks]).drop(columns=["ok"]),
+            artifact_file="shape_gate.json",
+        )
+        mlflow.log_text(md + ("\n\n" + cmp_md if cmp_md else "") + "\n", "shape_gate.md")
+        mlflow.set_tags({"shape_gate": verdict, "shape_gate.target": args.target})
+        if mv is not None:
+            from registry import audit, naming, store
+
+            c = store.client()
+            c.set_model_version_tag(mv.name, mv.version, naming.TAG_GATE, verdict)
+            c.set_model_version_tag(mv.name, mv.version, naming.TAG_GATE_TARGET, str(args.target))
+            desc = mv.description or ""
+            block = section(str(args.target), ok, md)
+            pattern = re.compile(
+                rf"<!-- shape_gate:{re.escape(str(args.target))} -->.*?<!-- /shape_gate:"
+                rf"{re.escape(str(args.target))} -->",
+                re.S,
+            )
+            desc = pattern.sub(lambda _: block, desc) if pattern.search(desc) else f"{desc}\n\n{block}".strip()
+            c.update_model_version(mv.name, mv.version, description=desc)
+            audit.record(c, mv.name, mv.version, f"shape_gate:{verdict}", md, target=str(args.target))
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_step("shape_gate", build, run, argv)
+
+
+if __name__ == "__main__":
+    main()
