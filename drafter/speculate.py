@@ -1,0 +1,130 @@
+"""Chain speculative decoding with an EAGLE-3 drafter and a transformers target (batch of one).
+
+Each cycle: the drafter proposes k tokens from the target's aux states, the target verifies them in
+one forward with its KV cache, the accepted prefix plus one token from the target (the correction, or
+the bonus token when all k were accepted) is kept, both caches are cropped, and the cycle repeats.
+Greedy mode reproduces the target's greedy output token for token; sampling mode uses the standard
+lossless rule (accept d with probability min(1, p(d)/q(d)), else sample from max(0, p - q)).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from drafter.model import DraftCache, Eagle3Drafter
+from drafter.target import Target
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[int]  # generated tokens (prompt excluded)
+    accepted: list[int] = field(default_factory=list)  # drafts accepted per verify cycle (0..k)
+    seconds: float = 0.0
+    target_forwards: int = 0
+    verify_seconds: float = 0.0
+    draft_seconds: float = 0.0
+
+    @property
+    def cycles(self) -> int:
+        return len(self.accepted)
+
+
+def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
+    if temperature <= 0:
+        return int(logits.argmax())
+    return int(torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1, generator=generator))
+
+
+@torch.no_grad()
+def target_generate(
+    target: Target,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+    eos_token_id: int | None = None,
+) -> DecodeResult:
+    """Plain decoding, one target forward per token: the baseline speculation must beat."""
+    start = time.perf_counter()
+    cache = target.new_cache()
+    out = target.forward(prompt[None], past_key_values=cache)
+    tokens = [_pick(out.logits[0, -1], temperature, generator)]
+    forwards = 1
+    while len(tokens) < max_new_tokens and tokens[-1] != eos_token_id:
+        out = target.forward(torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values)
+        tokens.append(_pick(out.logits[0, -1], temperature, generator))
+        forwards += 1
+    return DecodeResult(tokens, seconds=time.perf_counter() - start, target_forwards=forwards)
+
+
+@torch.no_grad()
+def speculative_generate(
+    target: Target,
+    drafter: Eagle3Drafter,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    k: int,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+    eos_token_id: int | None = None,
+) -> DecodeResult:
+    """Speculative decoding; the target must have its aux layers set to the drafter's ids."""
+    start = time.perf_counter()
+    cache = target.new_cache()
+    out = target.forward(prompt[None], past_key_values=cache)
+    n_ctx = prompt.shape[0]
+    nxt = _pick(out.logits[0, -1], temperature, generator)
+    tokens = [nxt]
+    dcache = DraftCache()
+    hidden = drafter.extend(dcache, torch.cat([prompt[1:], torch.tensor([nxt])]), out.aux_hidden[0])
+    result = DecodeResult(tokens, target_forwards=1)
+    while len(tokens) < max_new_tokens and tokens[-1] != eos_token_id:
+        t0 = time.perf_counter()
+        drafts, q = drafter.propose(dcache, hidden[:, -1:], k, temperature=temperature, generator=generator)
+        t1 = time.perf_counter()
+        verify = target.forward(torch.cat([torch.tensor([nxt]), drafts])[None], past_key_values=out.past_key_values)
+        result.verify_seconds += time.perf_counter() - t1
+        result.draft_seconds += t1 - t0
+        result.target_forwards += 1
+        logits = verify.logits[0]  # row i predicts the token after position n_ctx + i
+        n, new = _accept(logits, drafts, q, temperature, generator)
+        result.accepted.append(n)
+        emitted = [*drafts[:n].tolist(), new]
+        tokens += emitted
+        # keep the target's states for nxt and the accepted drafts; drop the rejected ones
+        target.crop_cache(verify.past_key_values, n_ctx + 1 + n)
+        out = verify
+        hidden = drafter.extend(dcache, torch.tensor(emitted), verify.aux_hidden[0, : n + 1])
+        n_ctx += 1 + n
+        nxt = new
+    if eos_token_id is not None and eos_token_id in tokens:
+        tokens = tokens[: tokens.index(eos_token_id) + 1]
+    result.tokens = tokens[:max_new_tokens]
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _accept(
+    logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor, temperature: float, generator: torch.Generator | None
+) -> tuple[int, int]:
+    """(drafts accepted, the target's own next token) for one verify cycle."""
+    k = drafts.shape[0]
+    if temperature <= 0:
+        greedy = logits.argmax(-1)
+        n = 0
+        while n < k and int(drafts[n]) == int(greedy[n]):
+            n += 1
+        return n, int(greedy[n])
+    p = torch.softmax(logits.float() / temperature, -1)
+    for i in range(k):
+        d = int(drafts[i])
+        ratio = float(p[i, d] / q[i, d].clamp(min=1e-20))
+        if float(torch.rand((), generator=generator)) < min(1.0, ratio):
+            continue
+        residual = (p[i] - q[i]).clamp(min=0)
+        residual = residual / residual.sum() if residual.sum() > 0 else p[i]
+        return i, int(torch.multinomial(residual, 1, generator=generator))
+    return k, int(torch.multinomial(p[k], 1, generator=generator))
