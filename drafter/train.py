@@ -61,6 +61,7 @@ class TrainConfig:
     noise_std: float = 0.0
     val_fraction: float = 0.1
     val_every: int = 50
+    val_steps: int = 3  # draft steps measured by validation: fixed, so trials with other TTT lengths compare
     seed: int = 0
     ds_config: str = "zero0"  # a name in configs/deepspeed, or a path
     ds_overrides: dict[str, Any] = field(default_factory=dict)

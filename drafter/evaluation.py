@@ -1,0 +1,198 @@
+"""Acceptance measured two ways, and what it means for a deployment.
+
+Offline: teacher-forced acceptance per draft position on a held-out hidden-state dataset
+(acc_pos_<i>, sim_accept_len = 1 + sum_i prod_{j<=i} acc_j). Online: real speculative decoding
+against the target on held-out prompts (accept_len with a bootstrap interval over prompts, the
+per-position acceptance of the decoding trace, and this host's measured speedup).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from drafter.cost import Profile, break_even_accept_len, fit_conditional_acceptance, projected_tps
+from drafter.errors import BadInput
+from drafter.model import Eagle3Drafter
+from drafter.speculate import speculative_generate, target_generate
+from drafter.target import Target
+
+
+@dataclass
+class OnlineResult:
+    k: int
+    accepted: list[list[int]]  # per prompt, drafts accepted per cycle
+    baseline_tokens: int
+    baseline_seconds: float
+    spec_tokens: int
+    spec_seconds: float
+    verify_seconds: float
+    draft_seconds: float
+    mismatches: int = 0  # greedy outputs that differed from the target's own (must be 0)
+    truncated: int = 0
+    cycles: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.cycles = sum(len(a) for a in self.accepted)
+
+    @property
+    def accept_len(self) -> float:
+        return sum(n + 1 for a in self.accepted for n in a) / max(1, self.cycles)
+
+    def accept_len_ci(self, iters: int = 2000, seed: int = 0) -> tuple[float, float]:
+        """95% bootstrap interval, resampling prompts (cycles within a prompt are not independent)."""
+        per = [(sum(n + 1 for n in a), len(a)) for a in self.accepted if a]
+        if not per:
+            return (1.0, 1.0)
+        rng = random.Random(seed)
+        stats = []
+        for _ in range(iters):
+            pick = [per[rng.randrange(len(per))] for _ in per]
+            stats.append(sum(t for t, _ in pick) / sum(c for _, c in pick))
+        stats.sort()
+        return stats[int(0.025 * iters)], stats[int(0.975 * iters) - 1]
+
+    @property
+    def acc_pos(self) -> list[float]:
+        """Conditional acceptance at draft position i: P(accepted > i | accepted >= i)."""
+        flat = [n for a in self.accepted for n in a]
+        out = []
+        for i in range(self.k):
+            reached = sum(1 for n in flat if n >= i)
+            out.append(sum(1 for n in flat if n > i) / reached if reached else 0.0)
+        return out
+
+    @property
+    def host_tps_baseline(self) -> float:
+        return self.baseline_tokens / max(self.baseline_seconds, 1e-9)
+
+    @property
+    def host_tps_spec(self) -> float:
+        return self.spec_tokens / max(self.spec_seconds, 1e-9)
+
+    def metrics(self, profile: Profile) -> dict[str, float]:
+        lo, hi = self.accept_len_ci()
+        L = self.accept_len
+        tps = projected_tps(L, profile)
+        return {
+            "accept_len": L,
+            "accept_len_ci_low": lo,
+            "accept_len_ci_high": hi,
+            **{f"acc_pos_{i}": a for i, a in enumerate(self.acc_pos)},
+            "cond_acc": fit_conditional_acceptance(L, self.k),
+            "break_even_accept_len": break_even_accept_len(profile),
+            "projected_tps": tps,
+            "projected_speedup": tps / profile.baseline_tps,
+            "host_tps_baseline": self.host_tps_baseline,
+            "host_tps_spec": self.host_tps_spec,
+            "host_speedup": self.host_tps_spec / max(self.host_tps_baseline, 1e-9),
+            "host_verify_ms": 1000 * self.verify_seconds / max(1, self.cycles),
+            "host_draft_step_ms": 1000 * self.draft_seconds / max(1, self.cycles * self.k),
+        }
+
+
+def prompt_ids(tokenizer: Any, record: dict[str, Any], max_len: int) -> tuple[torch.Tensor, bool]:
+    """The prompt a user would send: a conversation up to its last user turn (the recorded reply is
+    dropped), with the generation prompt; plain text as is. Cut from the left when too long."""
+    if "messages" in record:
+        msgs = list(record["messages"])
+        while msgs and msgs[-1]["role"] == "assistant":
+            msgs.pop()
+        if not msgs:
+            raise BadInput("a prompt conversation has no user turn")
+        text = (
+            tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+            if getattr(tokenizer, "chat_template", None)
+            else "".join(f"{m['role']}: {m['content']}\n" for m in msgs)
+        )
+    else:
+        text = record["text"]
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    cut = len(ids) > max_len
+    return torch.tensor(ids[-max_len:] if cut else ids), cut
+
+
+@torch.no_grad()
+def evaluate_online(
+    target: Target,
+    drafter: Eagle3Drafter,
+    records: list[dict[str, Any]],
+    k: int,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    seed: int = 0,
+    progress: bool = True,
+) -> OnlineResult:
+    """Speculative decoding on each prompt, timed against the target decoding alone."""
+    if target.tokenizer is None:
+        raise BadInput(f"{target.folder}: target has no tokenizer; online evaluation needs one")
+    target.set_aux_layers(list(drafter.config.aux_layer_ids))
+    ctx = int(getattr(target.model.config, "max_position_embeddings", 4096))
+    limit = max(8, ctx - max_new_tokens - k - 2)
+    eos = (
+        target.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if "<|im_end|>" in target.tokenizer.get_vocab()
+        else target.tokenizer.eos_token_id
+    )
+    accepted, mismatches, truncated = [], 0, 0
+    base_tok = spec_tok = 0
+    base_s = spec_s = verify_s = draft_s = 0.0
+    for i, rec in enumerate(tqdm(records, desc="evaluate", unit="prompt", disable=not progress)):
+        ids, cut = prompt_ids(target.tokenizer, rec, limit)
+        truncated += cut
+        g1 = torch.Generator().manual_seed(seed + i)
+        g2 = torch.Generator().manual_seed(seed + i)
+        base = target_generate(target, ids, max_new_tokens, temperature, g1, eos)
+        spec = speculative_generate(target, drafter, ids, max_new_tokens, k, temperature, g2, eos)
+        if temperature <= 0 and spec.tokens != base.tokens:
+            mismatches += 1
+        accepted.append(spec.accepted)
+        base_tok, base_s = base_tok + len(base.tokens), base_s + base.seconds
+        spec_tok, spec_s = spec_tok + len(spec.tokens), spec_s + spec.seconds
+        verify_s, draft_s = verify_s + spec.verify_seconds, draft_s + spec.draft_seconds
+    return OnlineResult(k, accepted, base_tok, base_s, spec_tok, spec_s, verify_s, draft_s, mismatches, truncated)
+
+
+def acceptance_figure(offline: list[float] | None, online: list[float], title: str):
+    """Per-position conditional acceptance, offline (teacher forced) beside online (decoding trace)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    xs = list(range(len(online)))
+    w = 0.38
+    if offline:
+        ax.bar([x - w / 2 for x in xs], offline[: len(xs)], w, label="offline (teacher forced)")
+    ax.bar([x + (w / 2 if offline else 0) for x in xs], online, w, label="online (decoding)")
+    ax.set_xticks(xs, [f"pos {x}" for x in xs])
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("conditional acceptance")
+    ax.set_title(title)
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def break_even_figure(accept_len: float, ci: tuple[float, float], break_even: float, k: int, title: str):
+    """Measured accept_len (with its 95% interval) against the deployment's break-even and k + 1."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    color = "tab:green" if ci[0] > break_even else ("tab:orange" if accept_len > break_even else "tab:red")
+    ax.bar(["accept_len"], [accept_len], yerr=[[accept_len - ci[0]], [ci[1] - accept_len]], color=color, capsize=8)
+    ax.axhline(break_even, color="black", linestyle="--", label=f"break-even {break_even:.2f}")
+    ax.axhline(k + 1, color="grey", linestyle=":", label=f"ceiling k+1 = {k + 1}")
+    ax.set_ylim(0, k + 1.5)
+    ax.set_title(title)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    return fig

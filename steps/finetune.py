@@ -1,0 +1,401 @@
+"""`finetune`: an Optuna study over DeepSpeed training runs, warm-started from a registry version (or
+from scratch); every trial is a nested MLflow run, the best drafter becomes a new registry version."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from drafter.errors import BadInput
+from drafter.train import TrainConfig
+from steps._cli import log_params, none_if_empty, parser, run_step, step_run
+from steps.import_drafter import MINIWORLD
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def build() -> argparse.ArgumentParser:
+    p = parser("finetune", __doc__)
+    p.add_argument("--init", default="models:/k2.5-mini-eagle3@imported", help="registry URI, folder, or 'scratch'")
+    p.add_argument("--data", required=True, help="hidden-state dataset folder (make_data)")
+    p.add_argument("--n_trials", default="4")
+    p.add_argument("--max_steps", default="150")
+    p.add_argument("--batch_size", default="8")
+    p.add_argument("--ds_config", default="zero0", help="a name in configs/deepspeed or a path")
+    p.add_argument("--storage", default="", help="Optuna storage URL (default: sqlite file beside mlflow.db)")
+    p.add_argument("--study", default="", help="study name (default: from init and dataset digest)")
+    p.add_argument("--search_space", default=str(CONFIGS / "search_space.yaml"))
+    p.add_argument("--fixed_params", default="", help="JSON of TrainConfig values used instead of a search")
+    p.add_argument("--seed", default="0")
+    p.add_argument("--arch", default=str(MINIWORLD / "aq-mini-eagle3"), help="drafter config for init=scratch")
+    p.add_argument("--name", default="", help="registered model (default: the init's, or <target>-eagle3)")
+    p.add_argument("--alias", default="candidate", help="alias for the registered best version ('' for none)")
+    p.add_argument("--val_every", default="25")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    return p
+
+
+def _int(value: str, name: str, low: int = 1) -> int:
+    try:
+        out = int(float(value))
+    except (TypeError, ValueError):
+        raise BadInput(f"--{name} must be an integer, got {value!r}") from None
+    if out < low:
+        raise BadInput(f"--{name} must be >= {low}, got {out}")
+    return out
+
+
+def load_space(path: str) -> dict[str, dict[str, Any]]:
+    p = Path(path)
+    if not p.is_file():
+        raise BadInput(f"{path}: search space file not found")
+    try:
+        space = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise BadInput(f"{path}: not valid YAML ({exc.__class__.__name__})") from None
+    fields = set(TrainConfig.__dataclass_fields__)
+    if not isinstance(space, dict) or not space:
+        raise BadInput(f"{path}: expected a mapping of TrainConfig fields to distributions")
+    for key, spec in space.items():
+        if key not in fields:
+            raise BadInput(f"{path}: '{key}' is not a training setting ({', '.join(sorted(fields))})")
+        if not isinstance(spec, dict) or spec.get("type") not in ("float", "int", "categorical"):
+            raise BadInput(f"{path}: '{key}' needs type float, int or categorical")
+    return space
+
+
+def suggest(trial: Any, space: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    out = {}
+    for key, spec in space.items():
+        if spec["type"] == "float":
+            out[key] = trial.suggest_float(key, float(spec["low"]), float(spec["high"]), log=bool(spec.get("log")))
+        elif spec["type"] == "int":
+            out[key] = trial.suggest_int(key, int(spec["low"]), int(spec["high"]))
+        else:
+            out[key] = trial.suggest_categorical(key, list(spec["choices"]))
+    return out
+
+
+def default_storage() -> str:
+    """An SQLite file next to the MLflow database (embedded default)."""
+    import os
+
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    if uri.startswith("sqlite:///"):
+        return f"sqlite:///{Path(uri.removeprefix('sqlite:///')).parent / 'optuna.db'}"
+    return "sqlite:///optuna.db"
+
+
+def make_storage(url: str):
+    import optuna
+    from optuna.storages import RDBStorage, RetryFailedTrialCallback
+
+    if url.startswith(("sqlite:", "postgresql", "mysql")):
+        # heartbeats: a trial whose worker died is marked failed and re-queued, not lost
+        return RDBStorage(
+            url,
+            heartbeat_interval=30,
+            grace_period=90,
+            failed_trial_callback=RetryFailedTrialCallback(max_retry=2),
+            engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
+        )
+    if url.endswith(".journal") or url.startswith("journal:"):
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        return JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
+    return optuna.storages.get_storage(url)
+
+
+def prepare_init(init: str, dataset: Any, arch: str):
+    """(base drafter or None for scratch, DrafterConfig, ModelVersion or None); refuses an init whose
+    shape gate has not passed for the dataset's target."""
+    from drafter.checkpoint import load_drafter
+    from drafter.config import DrafterConfig
+    from drafter.train import attach_target_embedding, check_fit
+
+    if init == "scratch":
+        cfg = DrafterConfig.from_file(Path(arch) / "config.json" if Path(arch).is_dir() else arch)
+        check_fit(cfg, dataset)
+        return None, cfg, None
+    mv = None
+    if init.startswith("models:/"):
+        from registry import naming, store
+
+        mv = store.get_version(init)
+        gate, gate_target = mv.tags.get(naming.TAG_GATE), mv.tags.get(naming.TAG_GATE_TARGET)
+        if gate != "passed":
+            raise BadInput(
+                f"{init}: shape gate says {gate or 'nothing (never run)'}; run shape_gate against the "
+                "dataset's target first"
+            )
+        data_target = str(dataset.index.get("target", ""))
+        if data_target and gate_target and not _same_target(gate_target, data_target):
+            raise BadInput(f"{init}: shape gate passed for {gate_target!r}, but the dataset is from {data_target!r}")
+        folder = store.download_version(f"models:/{mv.name}/{mv.version}").folder
+    else:
+        from registry.resolve import resolve_drafter
+
+        folder = resolve_drafter(init).folder
+    model = load_drafter(folder)
+    check_fit(model.config, dataset)
+    attach_target_embedding(model, dataset)
+    return model, model.config, mv
+
+
+def _same_target(a: str, b: str) -> bool:
+    pa, pb = Path(a), Path(b)
+    if pa.exists() and pb.exists():
+        return pa.resolve() == pb.resolve()
+    return a.rstrip("/") == b.rstrip("/")
+
+
+def run(args: argparse.Namespace) -> int:
+    import mlflow
+    import optuna
+
+    from drafter.data import HiddenStateDataset, split_indices
+    from drafter.train import TrainingDiverged, TrainingStopped, load_ds_config, scratch_drafter, train
+
+    n_trials = _int(args.n_trials, "n_trials")
+    max_steps = _int(args.max_steps, "max_steps")
+    seed = _int(args.seed, "seed", 0)
+    base_cfg = TrainConfig(
+        max_steps=max_steps,
+        batch_size=_int(args.batch_size, "batch_size"),
+        seed=seed,
+        ds_config=args.ds_config,
+        val_every=_int(args.val_every, "val_every"),
+    )
+    load_ds_config(args.ds_config, base_cfg, max_steps)  # a config that does not parse fails before anything
+    fixed = None
+    if none_if_empty(args.fixed_params):
+        try:
+            fixed = json.loads(args.fixed_params)
+        except json.JSONDecodeError:
+            raise BadInput(f"--fixed_params is not JSON: {args.fixed_params!r}") from None
+        unknown = set(fixed) - set(TrainConfig.__dataclass_fields__)
+        if unknown:
+            raise BadInput(f"--fixed_params: unknown settings {sorted(unknown)}")
+    space = load_space(args.search_space) if fixed is None else {}
+    dataset = HiddenStateDataset(args.data)
+    base_model, dcfg, parent = prepare_init(args.init, dataset, args.arch)
+    train_idx, _ = split_indices(len(dataset), base_cfg.val_fraction, seed)
+    storage_url = none_if_empty(args.storage) or default_storage()
+    study_name = none_if_empty(args.study) or f"finetune-{args.init.replace('/', '_')}-{dataset.digest[:10]}"
+    storage = make_storage(storage_url)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        study_name=study_name,
+        storage=storage,
+        direction="maximize",
+        load_if_exists=True,
+        sampler=optuna.samplers.TPESampler(seed=seed),
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0),
+    )
+    if fixed is not None:
+        study.enqueue_trial({}, user_attrs={"fixed": True})
+    trial_root = Path(tempfile.mkdtemp(prefix="drafterops-trials-"))
+    parent_name = parent.name if parent is not None else None
+    name = none_if_empty(args.name) or parent_name or _default_name(dataset)
+
+    def objective(trial: optuna.Trial) -> float:
+        params = dict(fixed) if fixed is not None else suggest(trial, space)
+        cfg = replace(base_cfg, **params, checkpoint_dir=str(trial_root / f"ckpt-{trial.number}"))
+        model = scratch_drafter(dcfg, dataset, train_idx, seed) if base_model is None else _copy(base_model)
+        with mlflow.start_run(run_name=f"trial-{trial.number}", nested=True) as run:
+            trial.set_user_attr("mlflow_run_id", run.info.run_id)
+            mlflow.log_params({**cfg.to_params(), "trial": trial.number})
+
+            def on_step(step: int, m: dict[str, float]) -> None:
+                if step % 5 == 0 or step == cfg.max_steps:
+                    mlflow.log_metrics(m, step=step)
+
+            def on_validate(step: int, stats: Any) -> bool:
+                value = stats.sim_accept_len
+                mlflow.log_metrics(
+                    {
+                        "val_sim_accept_len": value,
+                        **{f"val_acc_pos_{i}": a for i, a in enumerate(stats.conditional_acceptance)},
+                    },
+                    step=step,
+                )
+                trial.report(value, step)
+                return trial.should_prune()
+
+            try:
+                result = train(model, dataset, cfg, on_step=on_step, on_validate=on_validate, progress=args.progress)
+            except TrainingStopped as stop:
+                mlflow.set_tags({"trial_state": "PRUNED", "pruned_at_step": stop.step})
+                raise optuna.TrialPruned(f"pruned at step {stop.step}") from None
+            except TrainingDiverged as err:
+                mlflow.set_tags({"trial_state": "FAILED", "failed_at_step": err.step})
+                raise
+            value = result.val.sim_accept_len
+            mlflow.log_metrics({"tokens_per_s": result.tokens / max(result.seconds, 1e-9)})
+            mlflow.set_tag("trial_state", "COMPLETE")
+            out = trial_root / f"trial-{trial.number}"
+            from drafter.checkpoint import save_drafter
+
+            save_drafter(result.model, out, include_embedding=False)
+            trial.set_user_attr("drafter_dir", str(out))
+            shutil.rmtree(cfg.checkpoint_dir, ignore_errors=True)
+            return value
+
+    with step_run("finetune"):
+        log_params(
+            {
+                "init": args.init,
+                "data": args.data,
+                "n_trials": n_trials,
+                "max_steps": max_steps,
+                "ds_config": args.ds_config,
+                "storage": storage_url,
+                "study": study_name,
+                "seed": seed,
+            }
+        )
+        mlflow.set_tags({"dataset_digest": dataset.digest, "optuna.study": study_name})
+        from optuna.study import MaxTrialsCallback
+        from optuna.trial import TrialState
+
+        study.optimize(
+            objective,
+            n_trials=n_trials,
+            catch=(TrainingDiverged,),
+            callbacks=[MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE, TrialState.PRUNED))],
+        )
+        states = [t.state.name for t in study.trials]
+        mlflow.log_metrics(
+            {
+                "trials_complete": states.count("COMPLETE"),
+                "trials_pruned": states.count("PRUNED"),
+                "trials_failed": states.count("FAIL"),
+            }
+        )
+        log_study_figures(study)
+        complete = [
+            t
+            for t in study.trials
+            if t.state == TrialState.COMPLETE
+            and "drafter_dir" in t.user_attrs
+            and Path(t.user_attrs["drafter_dir"]).is_dir()
+        ]
+        if not complete:
+            raise BadInput(f"no trial of study {study_name!r} completed; nothing registered")
+        best = max(complete, key=lambda t: t.value)
+        mlflow.log_metric("best_val_sim_accept_len", best.value)
+        mlflow.log_params({f"best.{k}": v for k, v in best.params.items()})
+        version = register_best(
+            Path(best.user_attrs["drafter_dir"]),
+            name,
+            parent,
+            dataset,
+            best,
+            none_if_empty(args.alias),
+            mlflow.active_run().info.run_id,
+        )
+    shutil.rmtree(trial_root, ignore_errors=True)
+    print(
+        f"finetune: best trial {best.number} val_sim_accept_len {best.value:.3f} "
+        f"({states.count('COMPLETE')} complete, {states.count('PRUNED')} pruned, {states.count('FAIL')} failed) "
+        f"-> models:/{name}/{version}"
+    )
+    return 0
+
+
+def _copy(model: Any) -> Any:
+    import copy
+
+    clone = copy.deepcopy(model)
+    clone.has_embedding = True
+    return clone
+
+
+def _default_name(dataset: Any) -> str:
+    from registry.naming import model_name_for
+
+    return model_name_for(str(dataset.index.get("target", "target")))
+
+
+def register_best(
+    folder: Path, name: str, parent: Any, dataset: Any, trial: Any, alias: str | None, run_id: str
+) -> str:
+    from registry import audit, naming, store
+
+    hashes = store.file_hashes(folder)
+    c = store.client()
+    target = str(dataset.index.get("target", ""))
+    if not _exists(c, name):
+        store.ensure_registered_model(c, name, target)
+    tags = {
+        naming.TAG_SOURCE: f"run:{run_id}",
+        naming.TAG_SHA256: store.weights_sha256(hashes),
+        naming.TAG_TRAINED_FOR: target,
+        naming.TAG_DATASET: dataset.digest,
+        "optuna.trial": str(trial.number),
+        "val_sim_accept_len": f"{trial.value:.4f}",
+    }
+    if parent is not None:
+        tags[naming.TAG_PARENT] = f"models:/{parent.name}/{parent.version}"
+    desc = (
+        f"## Fine-tuned drafter\n\n- **parent**: `{tags.get(naming.TAG_PARENT, 'scratch')}`\n"
+        f"- **dataset**: `{dataset.digest}` ({len(dataset)} samples)\n- **run**: `{run_id}`\n"
+        f"- **best trial**: {trial.number}, val sim_accept_len {trial.value:.3f}\n\n"
+        "| setting | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in trial.params.items())
+    )
+    mv = store.register_drafter(folder, name, tags, desc)
+    if alias:
+        audit.move_alias(c, name, alias, mv.version, f"best of finetune run {run_id} (trial {trial.number})")
+    return str(mv.version)
+
+
+def _exists(c: Any, name: str) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        c.get_registered_model(name)
+        return True
+    except MlflowException:
+        return False
+
+
+def log_study_figures(study: Any) -> None:
+    """Optuna's own plots (history, parameter importances) as figures on the parent run."""
+    import warnings
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import mlflow
+    from optuna.trial import TrialState
+    from optuna.visualization import matplotlib as ovm
+
+    done = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if done:
+            ax = ovm.plot_optimization_history(study)
+            mlflow.log_figure(ax.figure, "optuna_history.png")
+            ax = ovm.plot_intermediate_values(study)
+            mlflow.log_figure(ax.figure, "optuna_intermediate_values.png")
+        if len(done) >= 2 and len(study.best_params) >= 1:
+            try:
+                ax = ovm.plot_param_importances(study)
+                mlflow.log_figure(ax.figure, "optuna_param_importances.png")
+            except (ValueError, RuntimeError):  # importances need variation across completed trials
+                pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_step("finetune", build, run, argv)
+
+
+if __name__ == "__main__":
+    main()
