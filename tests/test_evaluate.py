@@ -1,0 +1,171 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from drafter.evaluation import OnlineResult
+from tests.test_data import PROMPTS, write_prompts
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_online_result_statistics():
+    r = OnlineResult(
+        k=3,
+        accepted=[[3, 3, 1], [0, 2]],
+        baseline_tokens=40,
+        baseline_seconds=2.0,
+        spec_tokens=40,
+        spec_seconds=1.0,
+        verify_seconds=0.5,
+        draft_seconds=0.3,
+    )
+    assert r.cycles == 5 and r.accept_len == pytest.approx((4 + 4 + 2 + 1 + 3) / 5)
+    # position 0: 4 of 5 cycles accepted it; position 1: 3 of 4; position 2: 2 of 3
+    assert r.acc_pos == pytest.approx([4 / 5, 3 / 4, 2 / 3])
+    lo, hi = r.accept_len_ci()
+    assert lo <= r.accept_len <= hi
+    assert r.host_tps_spec / r.host_tps_baseline == pytest.approx(2.0)
+
+
+def run_step(name, args, cwd):
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db",
+        "DRAFTEROPS_CACHE": str(cwd / "cache"),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", f"steps.{name}", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.fixture(scope="module")
+def registered(tiny_targets, tmp_path_factory):
+    from drafter.checkpoint import save_drafter
+    from tests.conftest import tiny_drafter
+
+    tmp = tmp_path_factory.mktemp("eval")
+    flat, wrapped = tiny_targets
+    vocab = json.loads((flat / "config.json").read_text())["vocab_size"]
+    save_drafter(
+        tiny_drafter(seed=2, vocab_size=vocab, draft_vocab_size=128, aux_layer_ids=[0, 1, 2]),
+        tmp / "d",
+        include_embedding=False,
+    )
+    res = run_step("import_drafter", ["--source", str(tmp / "d"), "--target", str(wrapped)], tmp)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return tmp
+
+
+def test_evaluate_logs_metrics_plots_and_tags(tiny_targets, registered):
+    tmp = registered
+    prompts = write_prompts(tmp / "p.jsonl", PROMPTS[:3])
+    flat, wrapped = tiny_targets
+    from drafter.capture import capture, plan_capture
+    from drafter.target import load_target
+
+    target = load_target(wrapped)
+    meta = {"target": str(wrapped), "layer_ids": [0, 1, 2], "hidden_size": 32, "vocab_size": target.config.vocab_size}
+    capture(target, plan_capture(target, PROMPTS[:3], 64), tmp / "ds", [0, 1, 2], meta, progress=False)
+    res = run_step(
+        "evaluate",
+        [
+            "--model",
+            "models:/k25-tiny-eagle3/1",
+            "--target",
+            str(wrapped),
+            "--data",
+            str(tmp / "ds"),
+            "--prompts",
+            str(prompts),
+            "--max_new_tokens",
+            "12",
+            "--limit",
+            "3",
+            "--no-progress",
+        ],
+        tmp,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "break-even 2.46" in res.stdout
+    c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    run = c.search_runs(
+        [c.get_experiment_by_name("Default").experiment_id], filter_string="tags.`drafterops.step` = 'evaluate'"
+    )[0]
+    m = run.data.metrics
+    for key in (
+        "accept_len",
+        "accept_len_ci_low",
+        "accept_len_ci_high",
+        "sim_accept_len",
+        "acc_pos_0",
+        "acc_pos_1",
+        "cond_acc",
+        "break_even_accept_len",
+        "projected_tps",
+        "projected_speedup",
+        "host_tps_baseline",
+        "host_tps_spec",
+        "host_speedup",
+    ):
+        assert key in m, key
+    assert m["break_even_accept_len"] == pytest.approx(2.46)
+    assert 1.0 <= m["accept_len"] <= 3.0 and m["projected_tps"] == pytest.approx(m["accept_len"] * 1000 / 30)
+    assert {"acceptance_by_position.png", "accept_len_vs_break_even.png"} <= {
+        a.path for a in c.list_artifacts(run.info.run_id)
+    }
+    tags = c.get_model_version("k25-tiny-eagle3", "1").tags
+    assert float(tags["eval.kimi-k2.5-8xrtxpro6000.accept_len"]) == pytest.approx(m["accept_len"], abs=1e-4)
+    assert tags["eval.kimi-k2.5-8xrtxpro6000.break_even"] == "2.4600"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--profile", "nope"], "unknown profile 'nope'"),
+        (["--draft_steps", "0"], "--draft_steps must be >= 1"),
+        (["--temperature", "-1"], "--temperature must be >= 0"),
+        (["--model", "models:/k25-tiny-eagle3/9"], "no such registered model version"),
+    ],
+)
+def test_evaluate_bad_input(tiny_targets, registered, args, message):
+    res = run_step(
+        "evaluate",
+        [
+            "--model",
+            "models:/k25-tiny-eagle3/1",
+            "--target",
+            str(tiny_targets[1]),
+            "--prompts",
+            str(write_prompts(registered / "q.jsonl", PROMPTS[:1])),
+            *args,
+        ],
+        registered,
+    )
+    assert res.returncode == 2 and message in res.stderr, res.stderr[-2000:]
+
+
+def test_drafter_that_does_not_fit_is_refused_before_decoding(tiny_targets, registered, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    cfg = json.loads((tiny_targets[1] / "config.json").read_text())
+    cfg["text_config"]["num_hidden_layers"] = 2
+    (other / "config.json").write_text(json.dumps(cfg))
+    res = run_step(
+        "evaluate",
+        [
+            "--model",
+            "models:/k25-tiny-eagle3/1",
+            "--target",
+            str(other),
+            "--prompts",
+            str(write_prompts(tmp_path / "q.jsonl", PROMPTS[:1])),
+        ],
+        registered,
+    )
+    assert res.returncode == 2 and "does not fit target" in res.stderr and "aux layer ids" in res.stderr

@@ -1,0 +1,142 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import optuna
+import pytest
+from safetensors.torch import load_file
+
+from tests.test_data import PROMPTS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_step(name, args, cwd, extra_env=None):
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db",
+        "DRAFTEROPS_CACHE": str(cwd / "cache"),
+        **(extra_env or {}),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", f"steps.{name}", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900
+    )
+
+
+@pytest.fixture(scope="module")
+def world(tiny_targets, tmp_path_factory):
+    """A registered tiny drafter, gated against the K2.5-style tiny target, and a dataset from that target."""
+    from drafter.capture import capture, plan_capture
+    from drafter.checkpoint import save_drafter
+    from drafter.target import load_target
+    from tests.conftest import tiny_drafter
+
+    tmp = tmp_path_factory.mktemp("ft")
+    _, wrapped = tiny_targets
+    target = load_target(wrapped)
+    vocab = target.config.vocab_size
+    meta = {"target": str(wrapped), "layer_ids": [0, 1, 2], "hidden_size": 32, "vocab_size": vocab}
+    capture(target, plan_capture(target, PROMPTS * 3, 64), tmp / "ds", [0, 1, 2], meta, progress=False)
+    save_drafter(
+        tiny_drafter(seed=3, vocab_size=vocab, draft_vocab_size=128, aux_layer_ids=[0, 1, 2]),
+        tmp / "d",
+        include_embedding=False,
+    )
+    assert run_step("import_drafter", ["--source", str(tmp / "d"), "--target", str(wrapped)], tmp).returncode == 0
+    return tmp, wrapped
+
+
+SPACE = "lr: {type: float, low: 1.0e-7, high: 1.0e-2, log: true}\nnoise_std: {type: float, low: 0.0, high: 1.0e+39}\n"
+
+
+def test_study_with_pruning_and_failure_registers_the_best_with_lineage(world, monkeypatch):
+    tmp, wrapped = world
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp}/mlflow.db")
+    ungated = run_step("finetune", ["--init", "models:/k25-tiny-eagle3@imported", "--data", str(tmp / "ds")], tmp)
+    assert ungated.returncode == 2 and "shape gate says nothing (never run)" in ungated.stderr
+    assert (
+        run_step(
+            "shape_gate", ["--model", "models:/k25-tiny-eagle3@imported", "--target", str(wrapped)], tmp
+        ).returncode
+        == 0
+    )
+    (tmp / "space.yaml").write_text(SPACE)
+    storage = f"sqlite:///{tmp}/optuna.db"
+    study = optuna.create_study(study_name="s1", storage=storage, direction="maximize")
+    study.enqueue_trial({"lr": 5e-3, "noise_std": 0.0})  # learns
+    study.enqueue_trial({"lr": 1e-7, "noise_std": 0.0})  # learns nothing: pruned at its first validation
+    study.enqueue_trial(
+        {"lr": 5e-3, "noise_std": 1e39}
+    )  # overflows float32: NaN loss, the trial fails, the study goes on
+    res = run_step(
+        "finetune",
+        [
+            "--init",
+            "models:/k25-tiny-eagle3@imported",
+            "--data",
+            str(tmp / "ds"),
+            "--n_trials",
+            "3",
+            "--max_steps",
+            "30",
+            "--batch_size",
+            "4",
+            "--val_every",
+            "10",
+            "--storage",
+            storage,
+            "--study",
+            "s1",
+            "--search_space",
+            str(tmp / "space.yaml"),
+            "--no-progress",
+        ],
+        tmp,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    states = [t.state.name for t in optuna.load_study(study_name="s1", storage=storage).trials]
+    assert states[:3] == ["COMPLETE", "PRUNED", "FAIL"]
+    c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    mv = c.get_model_version_by_alias("k25-tiny-eagle3", "candidate")
+    assert mv.tags["parent"] == "models:/k25-tiny-eagle3/1"
+    assert mv.tags["dataset_digest"] == json.loads((tmp / "ds" / "index.json").read_text())["digest"]
+    assert mv.tags["trained_for"] == str(wrapped) and mv.tags["source"].startswith("run:")
+    parent_run = mv.tags["source"].removeprefix("run:")
+    children = c.search_runs(
+        [c.get_run(parent_run).info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run}'"
+    )
+    assert sorted(r.data.tags.get("trial_state") for r in children) == ["COMPLETE", "FAILED", "PRUNED"]
+    complete = next(r for r in children if r.data.tags["trial_state"] == "COMPLETE")
+    history = c.get_metric_history(complete.info.run_id, "train_loss")
+    assert len(history) >= 5 and history[-1].value < history[0].value
+    assert {"optuna_history.png"} <= {a.path for a in c.list_artifacts(parent_run)}
+    # warm start keeps the imported vocab maps byte for byte
+    parent = load_file(str(tmp / "d" / "model.safetensors"))
+    dl = Path(mlflow.artifacts.download_artifacts(f"models:/k25-tiny-eagle3/{mv.version}", dst_path=str(tmp / "dl")))
+    child = load_file(str(dl / "model.safetensors"))
+    assert child["d2t"].numpy().tobytes() == parent["d2t"].numpy().tobytes()
+    assert child["t2d"].numpy().tobytes() == parent["t2d"].numpy().tobytes()
+    assert "embed_tokens.weight" not in child
+
+
+def test_finetune_bad_inputs_register_nothing(world, tmp_path):
+    tmp, _ = world
+    before = len(mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db").search_model_versions("name='k25-tiny-eagle3'"))
+    base = ["--init", "scratch", "--data", str(tmp / "ds"), "--arch", str(tmp / "d")]
+    res = run_step("finetune", [*base, "--n_trials", "0"], tmp)
+    assert res.returncode == 2 and "--n_trials must be >= 1" in res.stderr
+    (tmp_path / "bad.json").write_text("{oops")
+    res = run_step("finetune", [*base, "--ds_config", str(tmp_path / "bad.json")], tmp)
+    assert res.returncode == 2 and "DeepSpeed config is not valid JSON" in res.stderr
+    cfg = json.loads((tmp / "d" / "config.json").read_text())
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 1, 3]
+    (tmp_path / "arch").mkdir()
+    (tmp_path / "arch" / "config.json").write_text(json.dumps(cfg))
+    res = run_step("finetune", ["--init", "scratch", "--data", str(tmp / "ds"), "--arch", str(tmp_path / "arch")], tmp)
+    assert res.returncode == 2 and "dataset does not fit the drafter: layer ids" in res.stderr
+    after = len(mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db").search_model_versions("name='k25-tiny-eagle3'"))
+    assert after == before
