@@ -1,0 +1,138 @@
+"""The promotion rule, pure and testable: a drafter reaches a serving stage only when it is known to fit
+the target and measurably beats break-even on the deployment it would serve.
+
+production: (1) shape_gate passed for this registered model's target; (2) evaluated on the profile;
+(3) accept_len_ci_low > break-even; (4) not worse than the current production version on the same
+profile (by more than `margin`). staging: (1), (2) and accept_len > break-even.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from registry import naming
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the registry says about one version, for one profile."""
+
+    version: str
+    gate: str | None = None
+    gate_target: str | None = None
+    accept_len: float | None = None
+    ci_low: float | None = None
+    break_even: float | None = None
+
+    @classmethod
+    def from_tags(cls, version: str, tags: dict[str, str], profile: str) -> Evidence:
+        def num(key: str) -> float | None:
+            raw = tags.get(naming.eval_tag(profile, key))
+            try:
+                return float(raw) if raw is not None else None
+            except ValueError:
+                return None
+
+        return cls(
+            str(version),
+            tags.get(naming.TAG_GATE),
+            tags.get(naming.TAG_GATE_TARGET),
+            num("accept_len"),
+            num("accept_len_ci_low"),
+            num("break_even"),
+        )
+
+
+@dataclass(frozen=True)
+class Reason:
+    rule: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class Decision:
+    stage: str
+    version: str
+    reasons: list[Reason] = field(default_factory=list)
+
+    @property
+    def allowed(self) -> bool:
+        return all(r.ok for r in self.reasons)
+
+    def summary(self) -> str:
+        verdict = "promoted" if self.allowed else "refused"
+        failed = [r.detail for r in self.reasons if not r.ok]
+        return f"{verdict} to {self.stage}" + (": " + "; ".join(failed) if failed else "")
+
+
+def decide(
+    candidate: Evidence,
+    stage: str,
+    model_target: str | None,
+    incumbent: Evidence | None = None,
+    margin: float = 0.0,
+    same_target=lambda a, b: a == b,
+) -> Decision:
+    if stage not in ("staging", "production"):
+        raise ValueError(f"stage must be staging or production, got {stage!r}")
+    d = Decision(stage, candidate.version)
+    gate_ok = candidate.gate == "passed" and (
+        model_target is None or candidate.gate_target is None or same_target(candidate.gate_target, model_target)
+    )
+    if candidate.gate != "passed":
+        gate_detail = f"shape gate {candidate.gate or 'never run'}"
+    elif not gate_ok:
+        gate_detail = f"shape gate passed for {candidate.gate_target}, not for {model_target}"
+    else:
+        gate_detail = f"shape gate passed for {candidate.gate_target}"
+    d.reasons.append(Reason("shape_gate", gate_ok, gate_detail))
+    evaluated = candidate.accept_len is not None and candidate.break_even is not None
+    d.reasons.append(
+        Reason("evaluated", evaluated, "evaluated on the profile" if evaluated else "never evaluated on this profile")
+    )
+    if not evaluated:
+        return d
+    be, L = candidate.break_even, candidate.accept_len
+    if stage == "staging":
+        d.reasons.append(
+            Reason("beats break-even", be < L, f"accept_len {L:.3f} {'>' if be < L else '<='} break-even {be:.3f}")
+        )
+        return d
+    lo = candidate.ci_low
+    ok = lo is not None and lo > be
+    d.reasons.append(
+        Reason(
+            "ci_low beats break-even",
+            ok,
+            "no confidence interval recorded"
+            if lo is None
+            else f"accept_len_ci_low {lo:.3f} {'>' if ok else '<='} break-even {be:.3f}",
+        )
+    )
+    if incumbent is None or incumbent.version == candidate.version:
+        d.reasons.append(
+            Reason(
+                "not worse than production",
+                True,
+                "no other production version" if incumbent is None else "already the production version",
+            )
+        )
+    elif incumbent.accept_len is None:
+        d.reasons.append(
+            Reason(
+                "not worse than production",
+                True,
+                f"production v{incumbent.version} was never evaluated on this profile",
+            )
+        )
+    else:
+        ok = incumbent.accept_len - margin <= L
+        d.reasons.append(
+            Reason(
+                "not worse than production",
+                ok,
+                f"accept_len {L:.3f} vs production v{incumbent.version} {incumbent.accept_len:.3f} (margin {margin:g})",
+            )
+        )
+    return d

@@ -1,0 +1,112 @@
+"""`promote`: move a version to a registry stage only when the promotion rule allows it (exit 1 if not)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import os
+from pathlib import Path
+
+from drafter.cost import load_profile
+from drafter.errors import BadInput
+from steps._cli import log_params, parser, run_step, step_run
+
+
+def build() -> argparse.ArgumentParser:
+    p = parser("promote", __doc__)
+    p.add_argument("--model", default="models:/k2.5-mini-eagle3@candidate")
+    p.add_argument("--profile", default="kimi-k2.5-8xrtxpro6000")
+    p.add_argument("--stage", default="production", choices=["staging", "production"])
+    p.add_argument("--margin", default="0.0", help="production: how much worse than the incumbent is tolerated")
+    return p
+
+
+@contextlib.contextmanager
+def promotion_lock():
+    """Serialise promotions against one local store (two racing processes end consistent)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    if not uri.startswith("sqlite:///"):
+        yield  # a tracking server serialises alias writes itself; each decision is still audited
+        return
+    path = Path(uri.removeprefix("sqlite:///") + ".promote.lock")
+    with path.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _same_target(a: str, b: str) -> bool:
+    pa, pb = Path(a), Path(b)
+    if pa.exists() and pb.exists():
+        return pa.resolve() == pb.resolve()
+    return a.rstrip("/") == b.rstrip("/")
+
+
+def run(args: argparse.Namespace) -> int:
+    from mlflow.exceptions import MlflowException
+
+    from registry import audit, naming, policy, store
+
+    profile = load_profile(args.profile)
+    try:
+        margin = float(args.margin)
+    except ValueError:
+        raise BadInput(f"--margin must be a number, got {args.margin!r}") from None
+    c = store.client()
+    with promotion_lock():
+        mv = store.get_version(args.model, c)
+        model_target = c.get_registered_model(mv.name).tags.get(naming.MODEL_TAG_TARGET)
+        candidate = policy.Evidence.from_tags(mv.version, mv.tags, profile.name)
+        incumbent, note = None, ""
+        try:
+            cur = c.get_model_version_by_alias(mv.name, args.stage)
+            incumbent = policy.Evidence.from_tags(cur.version, cur.tags, profile.name)
+        except MlflowException:
+            if args.stage in c.get_registered_model(mv.name).aliases:
+                note = f"the {args.stage} alias pointed at a deleted version; treated as empty"
+                c.delete_registered_model_alias(mv.name, args.stage)
+        decision = policy.decide(candidate, args.stage, model_target, incumbent, margin, _same_target)
+        lines = [
+            f"promote models:/{mv.name}/{mv.version} to {args.stage} on {profile.name}:",
+            "",
+            "| rule | verdict | detail |",
+            "|---|---|---|",
+        ]
+        lines += [f"| {r.rule} | {'ok' if r.ok else 'NO'} | {r.detail} |" for r in decision.reasons]
+        if note:
+            lines.append(f"\nnote: {note}")
+        lines.append(f"\npromote: {decision.summary()}")
+        text = "\n".join(lines)
+        print(text)
+        with step_run("promote"):
+            import mlflow
+
+            log_params({"model": args.model, "profile": profile.name, "stage": args.stage, "margin": margin})
+            mlflow.log_text(text + "\n", "promotion.md")
+            mlflow.set_tags({"promotion": decision.summary()[:4000], "promotion.version": str(mv.version)})
+            reasons = {r.rule: {"ok": r.ok, "detail": r.detail} for r in decision.reasons}
+            audit.record(
+                c,
+                mv.name,
+                mv.version,
+                f"promote:{args.stage}:{'yes' if decision.allowed else 'no'}",
+                reasons,
+                profile=profile.name,
+            )
+            c.set_model_version_tag(
+                mv.name, mv.version, naming.TAG_PROMOTION, f"{decision.summary()} (profile {profile.name})"[:4000]
+            )
+            if decision.allowed:  # the alias moves last, after every check and record
+                audit.move_alias(c, mv.name, args.stage, mv.version, decision.summary())
+    return 0 if decision.allowed else 1
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_step("promote", build, run, argv)
+
+
+if __name__ == "__main__":
+    main()
