@@ -1,0 +1,235 @@
+"""`main`: the whole pipeline on the mini world, one parent run with every step as a child run.
+
+import aq-mini-eagle3 -> shape gate vs k2.5-mini -> capture the K2.5 fine-tuning and validation data ->
+fine-tune (Optuna) from @imported -> train a scratch drafter on the same data and budget (the seed's own
+drafter) -> gate both -> evaluate the three on the same prompts and profile -> promote the candidate.
+Steps already finished with the same inputs are reused, so a rerun after a kill continues.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from drafter.errors import BadInput, GateRefused
+from steps._cli import log_params, parser, run_step, step_run
+from steps.import_drafter import MINIWORLD
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def build() -> argparse.ArgumentParser:
+    p = parser("main", __doc__)
+    p.add_argument("--workdir", default="drafterops-work", help="where captured datasets go")
+    p.add_argument("--profile", default="kimi-k2.5-8xrtxpro6000")
+    p.add_argument("--n_trials", default="3")
+    p.add_argument("--max_steps", default="150")
+    p.add_argument("--limit", default="20", help="test prompts decoded per drafter")
+    p.add_argument("--max_new_tokens", default="64")
+    return p
+
+
+class Pipeline:
+    """Runs entry points as nested `mlflow run`s, reusing finished ones with the same inputs."""
+
+    def __init__(self, client: Any, experiment_id: str) -> None:
+        self.client = client
+        self.experiment_id = experiment_id
+        self.log: list[str] = []
+
+    def key(self, entry: str, params: dict[str, str]) -> str:
+        blob = json.dumps({"entry": entry, "params": params}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+    def finished(self, key: str):
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`drafterops.cache_key` = '{key}'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
+        return runs[0] if runs else None
+
+    def step(self, entry: str, params: dict[str, Any], ok_codes: tuple[int, ...] = (0,)) -> tuple[str, int]:
+        """(child run id, exit code). A previous finished run with the same inputs is reused."""
+        import mlflow
+
+        params = {k: str(v) for k, v in params.items()}
+        key = self.key(entry, params)
+        done = self.finished(key)
+        if done is not None:
+            code = int(done.data.tags.get("drafterops.exit_code", "0"))
+            self.log.append(f"{entry}: reused run {done.info.run_id[:8]} (exit {code})")
+            print(f"main: {entry} already done with these inputs (run {done.info.run_id[:8]}), reused")
+            return done.info.run_id, code
+        print(f"main: {entry} ...", flush=True)
+        t0 = time.perf_counter()
+        submitted = mlflow.projects.run(
+            str(ROOT),
+            entry_point=entry,
+            parameters=params,
+            env_manager="local",
+            experiment_id=self.experiment_id,
+            synchronous=False,
+        )
+        submitted.wait()
+        proc = getattr(submitted, "command_proc", None)
+        code = proc.returncode if proc is not None else (0 if submitted.get_status() == "FINISHED" else 2)
+        run_id = submitted.run_id
+        seconds = time.perf_counter() - t0
+        self.log.append(f"{entry}: run {run_id[:8]}, exit {code}, {seconds:.0f} s")
+        if code not in ok_codes:
+            raise BadInput(f"step {entry} failed with exit code {code} (run {run_id}); see its output above")
+        self.client.set_tag(run_id, "drafterops.exit_code", str(code))
+        self.client.set_tag(run_id, "drafterops.cache_key", key)
+        return run_id, code
+
+
+def run(args: argparse.Namespace) -> int:
+    import mlflow
+
+    from registry import naming, store
+
+    target = str(MINIWORLD / "k2.5-mini")
+    source = str(MINIWORLD / "aq-mini-eagle3")
+    prompts = MINIWORLD / "prompts"
+    for needed in (target, source, prompts / "k2.5-train.jsonl"):
+        if not Path(needed).exists():
+            raise BadInput(f"{needed}: the mini world is missing; run `python -m miniworld.build`")
+    work = Path(args.workdir).resolve()
+    name = naming.model_name_for(target)
+    c = store.client()
+    t_start = time.perf_counter()
+    with step_run("main") as parent:
+        log_params(vars(args))
+        p = Pipeline(c, parent.info.experiment_id)
+        p.step("import_drafter", {"source": source, "target": target})
+        imported = c.get_model_version_by_alias(name, "imported").version
+        uri_imp = f"models:/{name}/{imported}"
+        _, gate = p.step("shape_gate", {"model": uri_imp, "target": target}, ok_codes=(0, 1))
+        if gate == 1:
+            raise GateRefused(f"shape gate failed for {uri_imp} against {target}: pipeline stopped")
+        data = {}
+        for split in ("train", "val"):
+            out = work / "data" / f"k2.5-{split}"
+            p.step(
+                "make_data",
+                {
+                    "target": target,
+                    "prompts": str(prompts / f"k2.5-{split}.jsonl"),
+                    "out": str(out),
+                    "drafter": uri_imp,
+                    "max_len": "256",
+                },
+            )
+            data[split] = out
+        ft = {"data": str(data["train"]), "max_steps": args.max_steps, "seed": "0"}
+        ft_run, _ = p.step("finetune", {**ft, "init": uri_imp, "n_trials": args.n_trials})
+        candidate = version_from_run(c, name, ft_run)
+        best = {k.removeprefix("best."): v for k, v in c.get_run(ft_run).data.params.items() if k.startswith("best.")}
+        fixed = json.dumps({k: _typed(v) for k, v in sorted(best.items())})
+        sc_run, _ = p.step(
+            "finetune",
+            {
+                **ft,
+                "init": "scratch",
+                "n_trials": "1",
+                "fixed_params": fixed,
+                "alias": "",
+                "name": name,
+                "study": f"scratch-{ft_run[:8]}",
+            },
+        )
+        scratch = version_from_run(c, name, sc_run)
+        drafters = {"imported": imported, "fine-tuned": candidate, "scratch": scratch}
+        for label in ("fine-tuned", "scratch"):
+            p.step("shape_gate", {"model": f"models:/{name}/{drafters[label]}", "target": target}, ok_codes=(0, 1))
+        results = {}
+        for label, version in drafters.items():
+            ev_run, _ = p.step(
+                "evaluate",
+                {
+                    "model": f"models:/{name}/{version}",
+                    "target": target,
+                    "data": str(data["val"]),
+                    "prompts": str(prompts / "k2.5-test.jsonl"),
+                    "profile": args.profile,
+                    "limit": args.limit,
+                    "max_new_tokens": args.max_new_tokens,
+                },
+            )
+            results[label] = (version, c.get_run(ev_run).data.metrics)
+        pr_run, code = p.step(
+            "promote", {"model": f"models:/{name}/{candidate}", "profile": args.profile}, ok_codes=(0, 1)
+        )
+        decision = c.get_run(pr_run).data.tags.get("promotion", "")
+        seconds = time.perf_counter() - t_start
+        text = summary(name, results, args.profile, decision, seconds)
+        mlflow.log_text(text + "\n", "summary.md")
+        mlflow.log_metric("main_seconds", seconds)
+        for label, (version, m) in results.items():
+            mlflow.log_metrics(
+                {
+                    f"{label}.accept_len": m.get("accept_len", 0.0),
+                    f"{label}.sim_accept_len": m.get("sim_accept_len", 0.0),
+                    f"{label}.projected_tps": m.get("projected_tps", 0.0),
+                }
+            )
+        mlflow.set_tag("promotion", decision)
+    print("\n".join(p.log))
+    print(text)
+    print(
+        f"\nBrowse it: mlflow ui --backend-store-uri {c.tracking_uri}   (then open http://127.0.0.1:5000, "
+        f"Models -> {name})"
+    )
+    return 0
+
+
+def _typed(value: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            continue
+    return value
+
+
+def version_from_run(c: Any, name: str, run_id: str) -> str:
+    """The version a finetune run registered (its source tag names the run)."""
+    for mv in c.search_model_versions(f"name='{name}'"):
+        if mv.tags.get("source") == f"run:{run_id}":
+            return str(mv.version)
+    raise BadInput(f"finetune run {run_id} registered no version of {name}")
+
+
+def summary(
+    name: str, results: dict[str, tuple[str, dict[str, float]]], profile: str, decision: str, seconds: float
+) -> str:
+    lines = [
+        f"## drafterops main: {name} on {profile}",
+        "",
+        "| drafter | version | accept_len [95% CI] | sim_accept_len | projected tok/s | break-even | beats it |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, (version, m) in results.items():
+        be = m.get("break_even_accept_len", float("nan"))
+        L, lo, hi = m.get("accept_len", float("nan")), m.get("accept_len_ci_low", 0), m.get("accept_len_ci_high", 0)
+        verdict = "yes" if lo > be else ("mean only" if be < L else "no")
+        lines.append(
+            f"| {label} | v{version} | {L:.3f} [{lo:.3f}, {hi:.3f}] | {m.get('sim_accept_len', 0):.3f} | "
+            f"{m.get('projected_tps', 0):.1f} | {be:.2f} | {verdict} |"
+        )
+    lines += ["", f"promotion: {decision}", f"wall time: {seconds / 60:.1f} min"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_step("main", build, run, argv)
+
+
+if __name__ == "__main__":
+    main()
