@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         text = summary(name, results, args.profile, decision, seconds)
         mlflow.log_text(text + "\n", "summary.md")
         mlflow.log_metric("main_seconds", seconds)
-        for label, (version, m) in results.items():
+        for label, (_version, m) in results.items():
             mlflow.log_metrics(
                 {
                     f"{label}.accept_len": m.get("accept_len", 0.0),
