@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
@@ -169,3 +171,20 @@ def version_folder(uri: str) -> tuple[Any, Path]:
         if (folder / "config.json").is_file():
             return mv, folder
     return mv, download_version(f"models:/{mv.name}/{mv.version}").folder
+
+
+@contextlib.contextmanager
+def registry_lock():
+    """Serialise registry writes that must see each other (idempotent registration, promotion) against
+    one local store; a tracking server serialises its own writes, and the audit trail keeps both."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    path = Path(uri.removeprefix("sqlite:///") + ".registry.lock")
+    with path.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

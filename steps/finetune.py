@@ -95,7 +95,7 @@ def default_storage() -> str:
 
 def make_storage(url: str):
     import optuna
-    from optuna.storages import RDBStorage, RetryFailedTrialCallback
+    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
     if url.startswith(("sqlite:", "postgresql", "mysql")):
         # heartbeats: a trial whose worker died is marked failed and re-queued, not lost
@@ -103,7 +103,7 @@ def make_storage(url: str):
             url,
             heartbeat_interval=30,
             grace_period=90,
-            failed_trial_callback=RetryFailedTrialCallback(max_retry=2),
+            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
             engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
         )
     if url.endswith(".journal") or url.startswith("journal:"):
@@ -244,7 +244,8 @@ def run(args: argparse.Namespace) -> int:
             from drafter.checkpoint import save_drafter
 
             save_drafter(result.model, out, include_embedding=False)
-            trial.set_user_attr("drafter_dir", str(out))
+            mlflow.log_artifacts(str(out), "drafter")  # in the shared store: any worker can register it
+            shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(cfg.checkpoint_dir, ignore_errors=True)
             return value
 
@@ -280,26 +281,19 @@ def run(args: argparse.Namespace) -> int:
             }
         )
         log_study_figures(study)
-        complete = [
-            t
-            for t in study.trials
-            if t.state == TrialState.COMPLETE
-            and "drafter_dir" in t.user_attrs
-            and Path(t.user_attrs["drafter_dir"]).is_dir()
-        ]
+        complete = [t for t in study.trials if t.state == TrialState.COMPLETE and "mlflow_run_id" in t.user_attrs]
         if not complete:
             raise BadInput(f"no trial of study {study_name!r} completed; nothing registered")
         best = max(complete, key=lambda t: t.value)
         mlflow.log_metric("best_val_sim_accept_len", best.value)
-        mlflow.log_params({f"best.{k}": v for k, v in best.params.items()})
+        log_params({f"best.{k}": v for k, v in best.params.items()})
+        best_dir = Path(
+            mlflow.artifacts.download_artifacts(
+                run_id=best.user_attrs["mlflow_run_id"], artifact_path="drafter", dst_path=str(trial_root)
+            )
+        )
         version = register_best(
-            Path(best.user_attrs["drafter_dir"]),
-            name,
-            parent,
-            dataset,
-            best,
-            none_if_empty(args.alias),
-            mlflow.active_run().info.run_id,
+            best_dir, name, parent, dataset, best, none_if_empty(args.alias), mlflow.active_run().info.run_id
         )
     shutil.rmtree(trial_root, ignore_errors=True)
     print(
@@ -327,13 +321,34 @@ def _default_name(dataset: Any) -> str:
 def register_best(
     folder: Path, name: str, parent: Any, dataset: Any, trial: Any, alias: str | None, run_id: str
 ) -> str:
-    from registry import audit, naming, store
+    from registry import store
 
     hashes = store.file_hashes(folder)
     c = store.client()
     target = str(dataset.index.get("target", ""))
-    if not _exists(c, name):
-        store.ensure_registered_model(c, name, target)
+    with store.registry_lock():
+        if not _exists(c, name):
+            store.ensure_registered_model(c, name, target)
+        same = store.find_complete_version(c, name, store.weights_sha256(hashes))
+        if same is not None:  # another worker of the same study registered this trial already
+            return str(same.version)
+        return _register(c, folder, name, parent, dataset, trial, alias, run_id, hashes, target)
+
+
+def _register(
+    c: Any,
+    folder: Path,
+    name: str,
+    parent: Any,
+    dataset: Any,
+    trial: Any,
+    alias: str | None,
+    run_id: str,
+    hashes: dict[str, str],
+    target: str,
+) -> str:
+    from registry import audit, naming, store
+
     tags = {
         naming.TAG_SOURCE: f"run:{run_id}",
         naming.TAG_SHA256: store.weights_sha256(hashes),

@@ -156,37 +156,38 @@ def run(args: argparse.Namespace) -> int:
         target = str(args.target)
         name = none_if_empty(args.name) or naming.model_name_for(target)
         c = store.client()
-        store.ensure_registered_model(c, name, target)
-        existing = store.find_complete_version(c, name, sha)
-        if existing is not None:
-            print(
-                f"import_drafter: already registered as models:/{name}/{existing.version} (sha256 {sha[:12]}); "
-                "nothing added"
-            )
-            return 0
-        store.drop_incomplete(c, name, sha)
-        import mlflow
+        with store.registry_lock():  # a concurrent import of the same weights sees this one
+            store.ensure_registered_model(c, name, target)
+            existing = store.find_complete_version(c, name, sha)
+            if existing is not None:
+                print(
+                    f"import_drafter: already registered as models:/{name}/{existing.version} (sha256 {sha[:12]}); "
+                    "nothing added"
+                )
+                return 0
+            store.drop_incomplete(c, name, sha)
+            import mlflow
 
-        tags = {
-            naming.TAG_SOURCE: source_tag,
-            naming.TAG_SHA256: sha,
-            naming.TAG_TRAINED_FOR: trained_for,
-            **{f"card.{k}": v for k, v in card.items()},
-        }
-        with step_run("import_drafter"):
-            log_params(
-                {
-                    "source": args.source,
-                    "revision": commit or none_if_empty(args.revision) or "",
-                    "name": name,
-                    "target": target,
-                    "trained_for": trained_for,
-                }
-            )
-            mlflow.set_tags({f"drafter.{k}": v for k, v in tags.items()})
-            mlflow.log_dict(hashes, "sha256.json")
-            mv = store.register_drafter(folder, name, tags, describe(source_tag, hashes, header, card, trained_for))
-            audit.move_alias(c, name, "imported", mv.version, f"imported from {source_tag}")
+            tags = {
+                naming.TAG_SOURCE: source_tag,
+                naming.TAG_SHA256: sha,
+                naming.TAG_TRAINED_FOR: trained_for,
+                **{f"card.{k}": v for k, v in card.items()},
+            }
+            with step_run("import_drafter"):
+                log_params(
+                    {
+                        "source": args.source,
+                        "revision": commit or none_if_empty(args.revision) or "",
+                        "name": name,
+                        "target": target,
+                        "trained_for": trained_for,
+                    }
+                )
+                mlflow.set_tags({f"drafter.{k}": v for k, v in tags.items()})
+                mlflow.log_dict(hashes, "sha256.json")
+                mv = store.register_drafter(folder, name, tags, describe(source_tag, hashes, header, card, trained_for))
+                audit.move_alias(c, name, "imported", mv.version, f"imported from {source_tag}")
     print(
         f"import_drafter: registered models:/{name}/{mv.version} (alias imported) from {source_tag}, sha256 {sha[:12]}"
     )

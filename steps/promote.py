@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
-import os
 from pathlib import Path
 
 from drafter.cost import load_profile
@@ -20,22 +17,6 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--stage", default="production", choices=["staging", "production"])
     p.add_argument("--margin", default="0.0", help="production: how much worse than the incumbent is tolerated")
     return p
-
-
-@contextlib.contextmanager
-def promotion_lock():
-    """Serialise promotions against one local store (two racing processes end consistent)."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
-    if not uri.startswith("sqlite:///"):
-        yield  # a tracking server serialises alias writes itself; each decision is still audited
-        return
-    path = Path(uri.removeprefix("sqlite:///") + ".promote.lock")
-    with path.open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _same_target(a: str, b: str) -> bool:
@@ -56,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         raise BadInput(f"--margin must be a number, got {args.margin!r}") from None
     c = store.client()
-    with promotion_lock():
+    with store.registry_lock():
         mv = store.get_version(args.model, c)
         model_target = c.get_registered_model(mv.name).tags.get(naming.MODEL_TAG_TARGET)
         candidate = policy.Evidence.from_tags(mv.version, mv.tags, profile.name)

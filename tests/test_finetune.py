@@ -140,3 +140,61 @@ def test_finetune_bad_inputs_register_nothing(world, tmp_path):
     assert res.returncode == 2 and "dataset does not fit the drafter: layer ids" in res.stderr
     after = len(mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db").search_model_versions("name='k25-tiny-eagle3'"))
     assert after == before
+
+
+def test_two_workers_share_one_study_on_postgresql(world, tmp_path):
+    """Two `finetune` processes on one PostgreSQL-backed study: all trials run once, none twice."""
+    from tests.postgres import postgres_server
+
+    tmp, wrapped = world
+    run_step("shape_gate", ["--model", "models:/k25-tiny-eagle3@imported", "--target", str(wrapped)], tmp)
+    (tmp_path / "space.yaml").write_text("lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}\n")
+    with postgres_server() as url:
+        # as an operator would: create the shared study once (Optuna's schema creation is not race-free)
+        optuna.create_study(study_name="shared", storage=url, direction="maximize")
+        args = [
+            "--init",
+            "models:/k25-tiny-eagle3@imported",
+            "--data",
+            str(tmp / "ds"),
+            "--n_trials",
+            "4",
+            "--max_steps",
+            "10",
+            "--batch_size",
+            "4",
+            "--val_every",
+            "5",
+            "--storage",
+            url,
+            "--study",
+            "shared",
+            "--search_space",
+            str(tmp_path / "space.yaml"),
+            "--no-progress",
+        ]
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db",
+            "DRAFTEROPS_CACHE": str(tmp / "cache"),
+        }
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "steps.finetune", *args, "--seed", str(i)],
+                cwd=tmp,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(2)
+        ]
+        outs = [p.communicate(timeout=900) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], [o[1][-6000:] for o in outs]
+        trials = optuna.load_study(study_name="shared", storage=url).trials
+        finished = [t for t in trials if t.state.is_finished()]
+        assert len(finished) >= 4 and len({t.number for t in trials}) == len(trials)
+        assert {t.state.name for t in finished} <= {"COMPLETE", "PRUNED"}
+        workers = {t.user_attrs.get("mlflow_run_id") for t in finished}
+        assert len(workers) == len(finished)  # every trial ran in exactly one place
