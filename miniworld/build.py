@@ -55,9 +55,9 @@ class BuildConfig:
     k25_test_prompts: int = 40
     k2_val_prompts: int = 60
     draft_vocab_size: int = 1024
-    drafter_steps: int = 1500
+    drafter_steps: int = 3000
     drafter_batch: int = 16
-    drafter_lr: float = 2e-3
+    drafter_lr: float = 3e-3
 
 
 # ------------------------------------------------------------------------------------------- corpus
@@ -280,83 +280,109 @@ def sha256_tree(folder: Path) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------------- main
-def build(cfg: BuildConfig, out: Path) -> dict:
-    from transformers import DeepseekV3ForCausalLM
-
-    from drafter.checkpoint import save_drafter
-    from drafter.data import HiddenStateDataset
-    from drafter.train import TrainConfig, scratch_drafter, train
-
-    t_start = time.perf_counter()
-    torch.manual_seed(cfg.seed)
+def prepare(cfg: BuildConfig, tok=None):
+    """Corpus, tokenizer, token streams and the seeded rng, exactly as the full build sees them."""
     rng = random.Random(cfg.seed)
     era1, era2, sources = corpus(cfg.corpus_chars)
-    tok = train_tokenizer(era1 + era2, cfg.vocab_size)
+    tok = tok or train_tokenizer(era1 + era2, cfg.vocab_size)
     s1, s2 = token_stream(tok, era1), token_stream(tok, era2)
     # the last 5% of each era is held out for loss figures and prompt sets
     cut1, cut2 = int(0.95 * len(s1)), int(0.95 * len(s2))
-    train1, held1, train2, held2 = s1[:cut1], s1[cut1:], s2[:cut2], s2[cut2:]
-    chat1 = chat_stream(tok, train1, cfg, 4000, rng)
-    chat2 = chat_stream(tok, train2, cfg, 4000, rng)
-    figures: dict = {"tokens": {"era1": len(s1), "era2": len(s2)}, "log_vocab": math.log(len(tok))}
+    streams = {"train1": s1[:cut1], "held1": s1[cut1:], "train2": s2[:cut2], "held2": s2[cut2:]}
+    streams["chat1"] = chat_stream(tok, streams["train1"], cfg, 4000, rng)
+    streams["chat2"] = chat_stream(tok, streams["train2"], cfg, 4000, rng)
+    return tok, streams, rng, sources, {"era1": len(s1), "era2": len(s2)}
 
+
+def build_targets(cfg: BuildConfig, out: Path, figures: dict) -> tuple[list[dict], list[dict]]:
+    """k2-mini, k2.5-mini and the prompt sets; returns the aq drafter's conversations and k2's held-out ones."""
+    from transformers import DeepseekV3ForCausalLM
+
+    torch.manual_seed(cfg.seed)
+    tok, st, rng, _, tokens = prepare(cfg)
+    figures["tokens"], figures["log_vocab"] = tokens, math.log(len(tok))
     model = DeepseekV3ForCausalLM(
         deepseek_config(len(tok), hidden_size=cfg.hidden_size, layers=TARGET_LAYERS, max_position_embeddings=1024)
     )
-    k2_losses = train_lm(model, [(train1, 0.6), (chat1, 0.4)], cfg, cfg.k2_steps, cfg.seed, "k2-mini")
-    figures["k2-mini"] = {
-        "train_loss_last": sum(k2_losses[-20:]) / len(k2_losses[-20:]),
-        "heldout_loss_era1": heldout_loss(model, held1, cfg.seq_len),
-        "heldout_loss_era2": heldout_loss(model, held2, cfg.seq_len),
-    }
+    k2_losses = train_lm(model, [(st["train1"], 0.6), (st["chat1"], 0.4)], cfg, cfg.k2_steps, cfg.seed, "k2-mini")
+    figures["k2-mini"] = lm_figures(model, k2_losses, st, cfg)
     k2_dir = out / "k2-mini"
     shutil.rmtree(k2_dir, ignore_errors=True)
     model.to(torch.bfloat16).save_pretrained(k2_dir)
     tok.save_pretrained(k2_dir)
     model.float()
     # the aq drafter's data and the k2 held-out prompts, written by k2-mini itself
-    span = cfg.prompt_tokens + 1
-    aq_starts = disjoint_starts(len(train1), span, [cfg.aq_train_prompts], rng)[0]
-    k2_val_starts = disjoint_starts(len(held1), span, [cfg.k2_val_prompts], rng)[0]
-    aq_records = self_distilled(model, tok, train1, aq_starts, cfg)
-    k2_val_records = self_distilled(model, tok, held1, k2_val_starts, cfg)
-
-    k25_losses = train_lm(
-        model, [(train2, 0.5), (chat2, 0.3), (train1, 0.1), (chat1, 0.1)], cfg, cfg.k25_steps, cfg.seed + 1, "k2.5-mini"
-    )
-    figures["k2.5-mini"] = {
-        "train_loss_last": sum(k25_losses[-20:]) / len(k25_losses[-20:]),
-        "heldout_loss_era1": heldout_loss(model, held1, cfg.seq_len),
-        "heldout_loss_era2": heldout_loss(model, held2, cfg.seq_len),
-    }
+    aq_records = self_distilled(model, tok, st["train1"], aq_starts(cfg, st, rng), cfg)
+    k2_val_starts = disjoint_starts(len(st["held1"]), cfg.prompt_tokens + 1, [cfg.k2_val_prompts], rng)[0]
+    k2_val_records = self_distilled(model, tok, st["held1"], k2_val_starts, cfg)
+    mix = [(st["train2"], 0.5), (st["chat2"], 0.3), (st["train1"], 0.1), (st["chat1"], 0.1)]
+    k25_losses = train_lm(model, mix, cfg, cfg.k25_steps, cfg.seed + 1, "k2.5-mini")
+    figures["k2.5-mini"] = lm_figures(model, k25_losses, st, cfg)
     k25_dir = out / "k2.5-mini"
     shutil.rmtree(k25_dir, ignore_errors=True)
     save_k25_style(model.to(torch.bfloat16), k25_dir, tok)
     model.float()
-    sets = disjoint_starts(len(held2), span, [cfg.k25_train_prompts, cfg.k25_val_prompts, cfg.k25_test_prompts], rng)
-    prompt_dir = out / "prompts"
+    counts = [cfg.k25_train_prompts, cfg.k25_val_prompts, cfg.k25_test_prompts]
+    sets = disjoint_starts(len(st["held2"]), cfg.prompt_tokens + 1, counts, rng)
     for name, starts in zip(("k2.5-train", "k2.5-val", "k2.5-test"), sets, strict=True):
-        write_jsonl(prompt_dir / f"{name}.jsonl", self_distilled(model, tok, held2, starts, cfg))
-    write_jsonl(prompt_dir / "k2-val.jsonl", k2_val_records)
+        write_jsonl(out / "prompts" / f"{name}.jsonl", self_distilled(model, tok, st["held2"], starts, cfg))
+    write_jsonl(out / "prompts" / "k2-val.jsonl", k2_val_records)
+    return aq_records, k2_val_records
 
+
+def aq_starts(cfg: BuildConfig, st: dict, rng: random.Random) -> list[int]:
+    return disjoint_starts(len(st["train1"]), cfg.prompt_tokens + 1, [cfg.aq_train_prompts], rng)[0]
+
+
+def lm_figures(model, losses: list[float], st: dict, cfg: BuildConfig) -> dict:
+    e1, e2 = heldout_loss(model, st["held1"], cfg.seq_len), heldout_loss(model, st["held2"], cfg.seq_len)
+    return {
+        "train_loss_last": sum(losses[-20:]) / len(losses[-20:]),
+        "heldout_loss_era1": e1,
+        "heldout_loss_era2": e2,
+        "perplexity_era1": math.exp(e1),
+        "perplexity_era2": math.exp(e2),
+    }
+
+
+def replay_aq_records(cfg: BuildConfig, out: Path) -> list[dict]:
+    """The aq drafter's conversations of an earlier full build, regenerated exactly: same tokenizer,
+    same rng draws, the same (saved) k2-mini writing the replies."""
+    from transformers import AutoTokenizer, DeepseekV3ForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(out / "k2-mini")
+    _, st, rng, _, _ = prepare(cfg, tok)
+    model = DeepseekV3ForCausalLM.from_pretrained(out / "k2-mini", dtype=torch.float32).eval()
+    return self_distilled(model, tok, st["train1"], aq_starts(cfg, st, rng), cfg)
+
+
+def build_drafter(cfg: BuildConfig, out: Path, aq_records: list[dict], figures: dict) -> None:
+    """aq-mini-eagle3: trained with drafter/train.py (DeepSpeed) on k2-mini hidden states."""
+    from transformers import AutoTokenizer
+
+    from drafter.checkpoint import save_drafter
+    from drafter.data import HiddenStateDataset
+    from drafter.train import TrainConfig, scratch_drafter, train
+
+    tok = AutoTokenizer.from_pretrained(out / "k2-mini")
+    k2_val_records = [json.loads(x) for x in (out / "prompts" / "k2-val.jsonl").read_text().splitlines()]
+    k25_val_records = [json.loads(x) for x in (out / "prompts" / "k2.5-val.jsonl").read_text().splitlines()]
     with tempfile.TemporaryDirectory() as tmp_:
         tmp = Path(tmp_)
-        aq_data = capture_set(k2_dir, aq_records, tmp / "aq-data")
-        k2_val = capture_set(k2_dir, k2_val_records, tmp / "k2-val")
-        k25_val = capture_set(
-            k25_dir, [json.loads(x) for x in (prompt_dir / "k2.5-val.jsonl").read_text().splitlines()], tmp / "k25-val"
-        )
+        aq_data = capture_set(out / "k2-mini", aq_records, tmp / "aq-data")
+        k2_val = capture_set(out / "k2-mini", k2_val_records, tmp / "k2-val")
+        k25_val = capture_set(out / "k2.5-mini", k25_val_records, tmp / "k25-val")
         ds = HiddenStateDataset(aq_data)
-        dcfg = drafter_config(cfg, tok)
-        drafter = scratch_drafter(dcfg, ds, list(range(len(ds))), seed=cfg.seed)
+        drafter = scratch_drafter(drafter_config(cfg, tok), ds, list(range(len(ds))), seed=cfg.seed)
         tcfg = TrainConfig(
             max_steps=cfg.drafter_steps,
             batch_size=cfg.drafter_batch,
             max_len=256,
             lr=cfg.drafter_lr,
+            warmup_ratio=0.03,
             ttt_length=3,
             val_fraction=0.05,
-            val_every=250,
+            val_every=500,
             seed=cfg.seed,
         )
         result = train(drafter, ds, tcfg)
@@ -387,9 +413,33 @@ def build(cfg: BuildConfig, out: Path) -> dict:
                 sim=sim_k2,
             )
         )
-    for name in ("k2-mini", "k2.5-mini"):
-        f = figures[name]
-        f["perplexity_era1"], f["perplexity_era2"] = math.exp(f["heldout_loss_era1"]), math.exp(f["heldout_loss_era2"])
+
+
+def build(cfg: BuildConfig, out: Path, stage: str = "all") -> dict:
+    """stage 'all' builds everything; 'drafter' rebuilds aq-mini-eagle3 over an earlier full build."""
+    record_path = out / "build_record.json"
+    previous = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    if (
+        stage == "drafter"
+        and previous.get("config", {})
+        and {k: v for k, v in previous["config"].items() if not k.startswith("drafter_")}
+        != {k: v for k, v in asdict(cfg).items() if not k.startswith("drafter_")}
+    ):
+        raise SystemExit("--stage drafter needs an earlier full build with the same target settings")
+    t0 = time.perf_counter()
+    seconds = dict(previous.get("stage_seconds", {}))
+    if stage == "all":
+        figures: dict = {}
+        aq_records, _ = build_targets(cfg, out, figures)
+        seconds["targets"] = time.perf_counter() - t0
+    else:
+        figures = dict(previous["figures"])
+        aq_records = replay_aq_records(cfg, out)
+        seconds["replay"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    build_drafter(cfg, out, aq_records, figures)
+    seconds["drafter"] = time.perf_counter() - t1
+    sources = corpus(cfg.corpus_chars)[2]
     record = {
         "config": asdict(cfg),
         "aux_layer_ids": AUX_LAYERS,
@@ -398,10 +448,10 @@ def build(cfg: BuildConfig, out: Path) -> dict:
         "corpus_sources": len(sources),
         "corpus_digest": hashlib.sha256(json.dumps(sources, sort_keys=True).encode()).hexdigest(),
         "figures": figures,
-        "build_seconds": time.perf_counter() - t_start,
+        "stage_seconds": seconds,
         "artifacts": {name: sha256_tree(out / name) for name in ("k2-mini", "k2.5-mini", "aq-mini-eagle3", "prompts")},
     }
-    (out / "build_record.json").write_text(json.dumps(record, indent=2) + "\n")
+    record_path.write_text(json.dumps(record, indent=2) + "\n")
     return record
 
 
@@ -411,6 +461,12 @@ def main() -> None:
     )
     p.add_argument("--out", default=str(HERE), help="where the artifacts go (default: miniworld/)")
     p.add_argument("--quick", action="store_true", help="a few steps of everything (smoke test, not for use)")
+    p.add_argument(
+        "--stage",
+        choices=["all", "drafter"],
+        default="all",
+        help="'drafter': retrain aq-mini-eagle3 only, over an earlier full build in --out",
+    )
     args = p.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     cfg = BuildConfig()
@@ -426,7 +482,7 @@ def main() -> None:
             k2_val_prompts=8,
             drafter_steps=20,
         )
-    record = build(cfg, Path(args.out))
+    record = build(cfg, Path(args.out), args.stage)
     print(json.dumps(record["figures"], indent=2))
 
 
