@@ -32,9 +32,11 @@ def main() -> None:
     m = res.metrics(__import__("drafter.cost", fromlist=["Profile"]).Profile("host", 1, 1, 0, args.draft_steps))
     profile = {
         "name": "host",
-        "description": (f"This machine, measured by `python -m bench.host_profile` on the mini world (k2.5-mini, "
-                        f"{args.prompts} prompts, 64 new tokens): plain greedy decoding speed and the measured cost "
-                        "of one verify forward and one draft step."),
+        "description": (
+            f"This machine, measured by `python -m bench.host_profile` on the mini world (k2.5-mini, "
+            f"{args.prompts} prompts, 64 new tokens): plain greedy decoding speed and the measured cost "
+            "of one verify forward and one draft step."
+        ),
         "baseline_tps": round(res.host_tps_baseline, 2),
         "verify_ms": round(m["host_verify_ms"], 3),
         "draft_step_ms": round(m["host_draft_step_ms"], 3),

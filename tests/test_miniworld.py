@@ -19,8 +19,11 @@ RECORD = json.loads((MW / "build_record.json").read_text())
 @pytest.mark.parametrize("artifact", ["k2-mini", "k2.5-mini", "aq-mini-eagle3", "prompts"])
 def test_artifacts_match_the_build_record(artifact):
     recorded = RECORD["artifacts"][artifact]
-    on_disk = {str(p.relative_to(MW / artifact)): hashlib.sha256(p.read_bytes()).hexdigest()
-               for p in sorted((MW / artifact).rglob("*")) if p.is_file()}
+    on_disk = {
+        str(p.relative_to(MW / artifact)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted((MW / artifact).rglob("*"))
+        if p.is_file()
+    }
     assert on_disk == recorded
 
 
