@@ -76,11 +76,20 @@ def get_version(uri: str, mlflow_client: Any = None):
 
 
 def download_version(uri: str, dst: str | Path | None = None) -> DrafterRef:
-    """Resolve a models:/ URI and download its drafter folder (the model's own files)."""
+    """Resolve a models:/ URI and download its drafter folder (the model's own files). Downloads are
+    cached per tracking store, name and version, and reused only when their weights' sha256 still
+    matches the version's tag."""
+    import shutil
+
     import mlflow
 
-    mv = get_version(uri)
-    dst = Path(dst) if dst else cache_dir() / mv.name / str(mv.version)
+    c = client()
+    mv = get_version(uri, c)
+    store_key = hashlib.sha256(str(c.tracking_uri).encode()).hexdigest()[:12]
+    dst = Path(dst) if dst else cache_dir() / store_key / mv.name / str(mv.version)
+    expected = mv.tags.get(naming.TAG_SHA256)
+    if (dst / "config.json").is_file() and expected and weights_sha256(file_hashes(dst)) != expected:
+        shutil.rmtree(dst)
     if not (dst / "config.json").is_file():
         dst.mkdir(parents=True, exist_ok=True)
         mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{mv.name}/{mv.version}", dst_path=str(dst))
