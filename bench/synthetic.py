@@ -35,6 +35,6 @@ def write_random_dataset(
                 torch.randint(0, vocab, (t,), generator=g),
             )
         )
-    w.write_head(torch.randn(vocab, h))
+    w.write_head(torch.randn(vocab, h), torch.randn(vocab, h))
     w.finish()
     return sum(p.stat().st_size for p in Path(folder).iterdir())

@@ -115,7 +115,7 @@ def main() -> None:
                     "detail": f"ZeRO-0 fp32, batch 4 x 256, TTT 3; peak RSS {r['rss_kib'] / 1024:.0f} MiB",
                 }
             )
-        mini = configs["mini (hidden 128, Vd 1024)"] | {"vocab_size": 1000}
+        mini = configs["mini (hidden 128, Vd 1024)"] | {"vocab_size": 1000, "draft_vocab_size": 512}
         rss = {}
         for name, n in (("1x", 24), ("10x", 240)):
             folder = tmp / f"rss-{name}"
