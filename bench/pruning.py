@@ -59,21 +59,37 @@ def main() -> None:
     target = load_target(MW / "k2.5-mini")
     base = load_drafter(MW / "aq-mini-eagle3")
     with tempfile.TemporaryDirectory() as tmp:
-        meta = {"target": "k2.5-mini", "layer_ids": base.config.aux_layer_ids, "hidden_size": 128,
-                "vocab_size": target.config.vocab_size}
+        meta = {
+            "target": "k2.5-mini",
+            "layer_ids": base.config.aux_layer_ids,
+            "hidden_size": 128,
+            "vocab_size": target.config.vocab_size,
+        }
         records = read_prompts(MW / "prompts" / "k2.5-train.jsonl")
-        capture(target, plan_capture(target, records, 256), Path(tmp) / "ds", base.config.aux_layer_ids, meta,
-                progress=False)
+        capture(
+            target,
+            plan_capture(target, records, 256),
+            Path(tmp) / "ds",
+            base.config.aux_layer_ids,
+            meta,
+            progress=False,
+        )
         ds = HiddenStateDataset(Path(tmp) / "ds")
         attach_target_embedding(base, ds)
         n, steps = 8, 120
         with_p = study(ds, base, optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0), n, steps)
         without = study(ds, base, optuna.pruners.NopPruner(), n, steps)
     rows = [
-        {"study": f"{n} trials x {steps} steps, MedianPruner", "best_val_sim_accept_len": f"{with_p[0]:.3f}",
-         "trial_steps": with_p[1]},
-        {"study": f"{n} trials x {steps} steps, no pruning", "best_val_sim_accept_len": f"{without[0]:.3f}",
-         "trial_steps": without[1]},
+        {
+            "study": f"{n} trials x {steps} steps, MedianPruner",
+            "best_val_sim_accept_len": f"{with_p[0]:.3f}",
+            "trial_steps": with_p[1],
+        },
+        {
+            "study": f"{n} trials x {steps} steps, no pruning",
+            "best_val_sim_accept_len": f"{without[0]:.3f}",
+            "trial_steps": without[1],
+        },
     ]
     notes = f"Pruning ran {100 * (1 - with_p[1] / without[1]):.0f}% fewer trial-steps."
     print(write_results("pruning", rows, notes).read_text())
