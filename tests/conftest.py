@@ -114,3 +114,33 @@ def tiny_targets(tmp_path_factory):
     tok.save_pretrained(flat)
     wrapped = save_k25_style(model, root / "k25-tiny", tok)
     return flat, wrapped
+
+
+# ------------------------------------------------------------------ entry points as a user runs them
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def step_env(cwd: Path, **extra: str) -> dict[str, str]:
+    """The environment of a step run from `cwd`: its own tracking store and download cache."""
+    import os
+
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db",
+        "DRAFTEROPS_CACHE": str(cwd / "cache"),
+        **extra,
+    }
+
+
+def run_step(name: str, args: list[str], cwd: Path, wait: bool = True):
+    """`python -m steps.<name> args...` in a subprocess (finished CompletedProcess, or a Popen)."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", f"steps.{name}", *args]
+    if not wait:
+        return subprocess.Popen(
+            cmd, cwd=cwd, env=step_env(cwd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+    return subprocess.run(cmd, cwd=cwd, env=step_env(cwd), capture_output=True, text=True, timeout=900)

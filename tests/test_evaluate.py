@@ -1,13 +1,11 @@
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import mlflow
 import pytest
 
 from drafter.evaluation import OnlineResult
+from tests.conftest import run_step
 from tests.test_data import PROMPTS, write_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,18 +28,6 @@ def test_online_result_statistics():
     lo, hi = r.accept_len_ci()
     assert lo <= r.accept_len <= hi
     assert r.host_tps_spec / r.host_tps_baseline == pytest.approx(2.0)
-
-
-def run_step(name, args, cwd):
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db",
-        "DRAFTEROPS_CACHE": str(cwd / "cache"),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", f"steps.{name}", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
 
 
 @pytest.fixture(scope="module")

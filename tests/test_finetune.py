@@ -1,5 +1,4 @@
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,22 +8,10 @@ import optuna
 import pytest
 from safetensors.torch import load_file
 
+from tests.conftest import run_step, step_env
 from tests.test_data import PROMPTS
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_step(name, args, cwd, extra_env=None):
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db",
-        "DRAFTEROPS_CACHE": str(cwd / "cache"),
-        **(extra_env or {}),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", f"steps.{name}", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900
-    )
 
 
 @pytest.fixture(scope="module")
@@ -173,12 +160,7 @@ def test_two_workers_share_one_study_on_postgresql(world, tmp_path):
             str(tmp_path / "space.yaml"),
             "--no-progress",
         ]
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db",
-            "DRAFTEROPS_CACHE": str(tmp / "cache"),
-        }
+        env = step_env(tmp)
         procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "steps.finetune", *args, "--seed", str(i)],

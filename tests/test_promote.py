@@ -1,13 +1,11 @@
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import mlflow
 import pytest
 
 from registry.policy import Evidence, decide
+from tests.conftest import run_step
 from tests.test_data import PROMPTS, write_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,19 +44,6 @@ def test_margin_and_staging_rules():
     assert not decide(ev(gate="failed"), "staging", "t").allowed
     with pytest.raises(ValueError):
         decide(ev(), "archived", "t")
-
-
-def run_step(name, args, cwd, wait=True):
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db",
-        "DRAFTEROPS_CACHE": str(cwd / "cache"),
-    }
-    cmd = [sys.executable, "-m", f"steps.{name}", *args]
-    if not wait:
-        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 model's versions, the production alias and the shape-gate table."""
 
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_step
 from tests.test_data import PROMPTS, write_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,15 +23,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def step(name, args, cwd):
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db",
-        "DRAFTEROPS_CACHE": str(cwd / "cache"),
-    }
-    res = subprocess.run(
-        [sys.executable, "-m", f"steps.{name}", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
+    res = run_step(name, args, cwd)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
 
 
