@@ -4,7 +4,9 @@ from scratch); every trial is a nested MLflow run, the best drafter becomes a ne
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shutil
 import tempfile
 from dataclasses import replace
@@ -185,41 +187,63 @@ def run(args: argparse.Namespace) -> int:
             raise BadInput(f"--fixed_params: unknown settings {sorted(unknown)}")
     space = load_space(args.search_space) if fixed is None else {}
     dataset = HiddenStateDataset(args.data)
+    multi = int(os.environ.get("WORLD_SIZE", "1")) > 1  # under the deepspeed/torchrun launcher
+    rank0 = True
+    if multi:
+        import torch.distributed as dist
+
+        from drafter.train import ensure_distributed, is_rank0
+
+        ensure_distributed()
+        rank0 = is_rank0()
+        if not rank0:
+            dist.barrier()  # rank 0 resolves (and downloads) the init first
     base_model, dcfg, parent = prepare_init(args.init, dataset, args.arch)
+    if multi and rank0:
+        dist.barrier()
     train_idx, _ = split_indices(len(dataset), base_cfg.val_fraction, seed)
     storage_url = none_if_empty(args.storage) or default_storage()
     study_name = none_if_empty(args.study) or f"finetune-{args.init.replace('/', '_')}-{dataset.digest[:10]}"
-    storage = make_storage(storage_url)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(
-        study_name=study_name,
-        storage=storage,
-        direction="maximize",
-        load_if_exists=True,
-        sampler=optuna.samplers.TPESampler(seed=seed),
-        pruner=optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0),
-    )
-    if fixed is not None:
-        study.enqueue_trial({}, user_attrs={"fixed": True})
-    trial_root = Path(tempfile.mkdtemp(prefix="drafterops-trials-"))
+    study = None
+    if rank0:
+        storage = make_storage(storage_url)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study(
+            study_name=study_name,
+            storage=storage,
+            direction="maximize",
+            load_if_exists=True,
+            sampler=optuna.samplers.TPESampler(seed=seed),
+            pruner=optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0),
+        )
+        if fixed is not None:
+            study.enqueue_trial({}, user_attrs={"fixed": True})
+    trial_root = Path(tempfile.mkdtemp(prefix="drafterops-trials-")) if rank0 else None
+    if multi:  # every rank checkpoints into the same folder, as DeepSpeed expects
+        shared = [str(trial_root) if rank0 else None]
+        dist.broadcast_object_list(shared, src=0)
+        trial_root = Path(shared[0])
     parent_name = parent.name if parent is not None else None
     name = none_if_empty(args.name) or parent_name or _default_name(dataset)
 
     def objective(trial: optuna.Trial) -> float:
         params = dict(fixed) if fixed is not None else suggest(trial, space)
-        cfg = replace(base_cfg, **params, checkpoint_dir=str(trial_root / f"ckpt-{trial.number}"))
+        number = trial.number
+        cfg = replace(base_cfg, **params, checkpoint_dir=str(trial_root / f"ckpt-{number}"))
         model = scratch_drafter(dcfg, dataset, train_idx, seed) if base_model is None else _copy(base_model)
-        with mlflow.start_run(run_name=f"trial-{trial.number}", nested=True) as run:
-            trial.set_user_attr("mlflow_run_id", run.info.run_id)
-            mlflow.log_params({**cfg.to_params(), "trial": trial.number})
+        run_ctx = mlflow.start_run(run_name=f"trial-{number}", nested=True) if rank0 else contextlib.nullcontext()
+        track = Tracker(rank0)
+        with run_ctx as run:
+            trial.set_user_attr("mlflow_run_id", run.info.run_id if rank0 else None)
+            track.log_params({**cfg.to_params(), "trial": number})
 
             def on_step(step: int, m: dict[str, float]) -> None:
                 if step % 5 == 0 or step == cfg.max_steps:
-                    mlflow.log_metrics(m, step=step)
+                    track.log_metrics(m, step=step)
 
             def on_validate(step: int, stats: Any) -> bool:
                 value = stats.sim_accept_len
-                mlflow.log_metrics(
+                track.log_metrics(
                     {
                         "val_sim_accept_len": value,
                         **{f"val_acc_pos_{i}": a for i, a in enumerate(stats.conditional_acceptance)},
@@ -232,23 +256,27 @@ def run(args: argparse.Namespace) -> int:
             try:
                 result = train(model, dataset, cfg, on_step=on_step, on_validate=on_validate, progress=args.progress)
             except TrainingStopped as stop:
-                mlflow.set_tags({"trial_state": "PRUNED", "pruned_at_step": stop.step})
+                track.set_tags({"trial_state": "PRUNED", "pruned_at_step": stop.step})
                 raise optuna.TrialPruned(f"pruned at step {stop.step}") from None
             except TrainingDiverged as err:
-                mlflow.set_tags({"trial_state": "FAILED", "failed_at_step": err.step})
+                track.set_tags({"trial_state": "FAILED", "failed_at_step": err.step})
                 raise
             value = result.val.sim_accept_len
-            mlflow.log_metrics({"tokens_per_s": result.tokens / max(result.seconds, 1e-9)})
-            mlflow.set_tag("trial_state", "COMPLETE")
-            out = trial_root / f"trial-{trial.number}"
-            from drafter.checkpoint import save_drafter
+            if rank0:
+                from drafter.checkpoint import save_drafter
 
-            save_drafter(result.model, out, include_embedding=False)
-            mlflow.log_artifacts(str(out), "drafter")  # in the shared store: any worker can register it
-            shutil.rmtree(out, ignore_errors=True)
-            shutil.rmtree(cfg.checkpoint_dir, ignore_errors=True)
+                mlflow.log_metrics({"tokens_per_s": result.tokens / max(result.seconds, 1e-9)})
+                mlflow.set_tag("trial_state", "COMPLETE")
+                out = trial_root / f"trial-{number}"
+                save_drafter(result.model, out, include_embedding=False)
+                mlflow.log_artifacts(str(out), "drafter")  # in the shared store: any worker can register it
+                shutil.rmtree(out, ignore_errors=True)
+                shutil.rmtree(cfg.checkpoint_dir, ignore_errors=True)
             return value
 
+    if multi and not rank0:
+        follow_trials(objective)
+        return 0
     with step_run("finetune"):
         log_params(
             {
@@ -266,12 +294,15 @@ def run(args: argparse.Namespace) -> int:
         from optuna.study import MaxTrialsCallback
         from optuna.trial import TrialState
 
-        study.optimize(
-            objective,
-            n_trials=n_trials,
-            catch=(TrainingDiverged,),
-            callbacks=[MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE, TrialState.PRUNED))],
-        )
+        if multi:
+            lead_trials(study, objective, n_trials)
+        else:
+            study.optimize(
+                objective,
+                n_trials=n_trials,
+                catch=(TrainingDiverged,),
+                callbacks=[MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE, TrialState.PRUNED))],
+            )
         states = [t.state.name for t in study.trials]
         mlflow.log_metrics(
             {
@@ -302,6 +333,59 @@ def run(args: argparse.Namespace) -> int:
         f"-> models:/{name}/{version}"
     )
     return 0
+
+
+class Tracker:
+    """mlflow.<call> on rank 0, a no-op on the other ranks (one MLflow run per trial, not one per rank)."""
+
+    def __init__(self, active: bool) -> None:
+        self.active = active
+
+    def __getattr__(self, name: str) -> Any:
+        import mlflow
+
+        return getattr(mlflow, name) if self.active else (lambda *a, **k: None)
+
+
+def lead_trials(study: Any, objective: Any, n_trials: int) -> None:
+    """Rank 0 under a launcher: ask/tell each trial and tell the other ranks to run it too, so every
+    rank trains the same trial (Optuna's TorchDistributedTrial carries its parameters and pruning)."""
+    import optuna
+    import torch
+    import torch.distributed as dist
+    from optuna.trial import TrialState
+    from optuna_integration import TorchDistributedTrial
+
+    from drafter.train import TrainingDiverged
+
+    for _ in range(n_trials):
+        dist.broadcast(torch.tensor([1]), src=0)
+        trial = study.ask()
+        try:
+            study.tell(trial, objective(TorchDistributedTrial(trial)))
+        except optuna.TrialPruned:
+            study.tell(trial, state=TrialState.PRUNED)
+        except TrainingDiverged:
+            study.tell(trial, state=TrialState.FAIL)
+    dist.broadcast(torch.tensor([0]), src=0)
+
+
+def follow_trials(objective: Any) -> None:
+    """The other ranks: run whatever trial rank 0 announces until it says there are no more."""
+    import optuna
+    import torch
+    import torch.distributed as dist
+    from optuna_integration import TorchDistributedTrial
+
+    from drafter.train import TrainingDiverged
+
+    while True:
+        flag = torch.tensor([0])
+        dist.broadcast(flag, src=0)
+        if int(flag) == 0:
+            return
+        with contextlib.suppress(optuna.TrialPruned, TrainingDiverged):  # rank 0 records the outcome
+            objective(TorchDistributedTrial(None))
 
 
 def _copy(model: Any) -> Any:

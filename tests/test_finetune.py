@@ -180,3 +180,65 @@ def test_two_workers_share_one_study_on_postgresql(world, tmp_path):
         assert {t.state.name for t in finished} <= {"COMPLETE", "PRUNED"}
         workers = {t.user_attrs.get("mlflow_run_id") for t in finished}
         assert len(workers) == len(finished)  # every trial ran in exactly one place
+
+
+def test_two_ranks_under_a_launcher_run_the_same_trials(world, tmp_path):
+    """torchrun with 2 CPU ranks (gloo): every rank trains the same trial (TorchDistributedTrial), rank 0
+    alone talks to Optuna and MLflow, so each trial is one study trial and one MLflow run."""
+    import socket
+
+    tmp, wrapped = world
+    run_step("shape_gate", ["--model", "models:/k25-tiny-eagle3@imported", "--target", str(wrapped)], tmp)
+    (tmp_path / "space.yaml").write_text("lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}\n")
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+        "-m",
+        "steps.finetune",
+        "--init",
+        "models:/k25-tiny-eagle3@imported",
+        "--data",
+        str(tmp / "ds"),
+        "--n_trials",
+        "2",
+        "--max_steps",
+        "10",
+        "--batch_size",
+        "4",
+        "--val_every",
+        "5",
+        "--storage",
+        storage,
+        "--study",
+        "ranks",
+        "--search_space",
+        str(tmp_path / "space.yaml"),
+        "--alias",
+        "",
+        "--no-progress",
+    ]
+    res = subprocess.run(
+        cmd, cwd=tmp, env=step_env(tmp, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=900
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    trials = optuna.load_study(study_name="ranks", storage=storage).trials
+    assert len(trials) == 2 and all(t.state.is_finished() for t in trials)
+    c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    run_ids = {t.user_attrs["mlflow_run_id"] for t in trials}
+    assert None not in run_ids and len(run_ids) == 2
+    for rid in run_ids:
+        assert c.get_run(rid).data.tags["trial_state"] in ("COMPLETE", "PRUNED")
+    parent = c.get_run(next(iter(run_ids))).data.tags["mlflow.parentRunId"]
+    children = c.search_runs(
+        [c.get_run(parent).info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'"
+    )
+    assert len(children) == 2  # one MLflow run per trial, not one per rank
