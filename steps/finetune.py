@@ -40,6 +40,12 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--name", default="", help="registered model (default: the init's, or <target>-eagle3)")
     p.add_argument("--alias", default="candidate", help="alias for the registered best version ('' for none)")
     p.add_argument("--val_every", default="25")
+    p.add_argument(
+        "--heartbeat",
+        default="30",
+        help="seconds between trial heartbeats (RDB storages); a trial "
+        "silent for 3 heartbeats is failed and retried by the next worker",
+    )
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 
@@ -95,7 +101,7 @@ def default_storage() -> str:
     return "sqlite:///optuna.db"
 
 
-def make_storage(url: str):
+def make_storage(url: str, heartbeat: int = 30):
     import optuna
     from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
@@ -103,8 +109,8 @@ def make_storage(url: str):
         # heartbeats: a trial whose worker died is marked failed and re-queued, not lost
         return RDBStorage(
             url,
-            heartbeat_interval=30,
-            grace_period=90,
+            heartbeat_interval=heartbeat,
+            grace_period=3 * heartbeat,
             heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
             engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
         )
@@ -206,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
     study_name = none_if_empty(args.study) or f"finetune-{args.init.replace('/', '_')}-{dataset.digest[:10]}"
     study = None
     if rank0:
-        storage = make_storage(storage_url)
+        storage = make_storage(storage_url, _int(args.heartbeat, "heartbeat"))
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.create_study(
             study_name=study_name,

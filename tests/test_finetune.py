@@ -242,3 +242,60 @@ def test_two_ranks_under_a_launcher_run_the_same_trials(world, tmp_path):
         [c.get_run(parent).info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'"
     )
     assert len(children) == 2  # one MLflow run per trial, not one per rank
+
+
+def test_a_trial_whose_worker_died_is_retried_not_lost(world, tmp_path):
+    """Kill a worker mid-trial: the next worker fails the stale trial (no heartbeat) and re-runs it."""
+    import signal
+    import time
+
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+    tmp, wrapped = world
+    run_step("shape_gate", ["--model", "models:/k25-tiny-eagle3@imported", "--target", str(wrapped)], tmp)
+    (tmp_path / "space.yaml").write_text("lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}\n")
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    args = [
+        "--init",
+        "models:/k25-tiny-eagle3@imported",
+        "--data",
+        str(tmp / "ds"),
+        "--n_trials",
+        "1",
+        "--max_steps",
+        "400",
+        "--batch_size",
+        "4",
+        "--val_every",
+        "100",
+        "--storage",
+        storage,
+        "--study",
+        "dies",
+        "--search_space",
+        str(tmp_path / "space.yaml"),
+        "--heartbeat",
+        "1",
+        "--alias",
+        "",
+        "--no-progress",
+    ]
+    doomed = run_step("finetune", args, tmp, wait=False)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        time.sleep(1)
+        try:
+            trials = optuna.load_study(study_name="dies", storage=storage).trials
+        except KeyError:
+            continue
+        if trials and trials[0].state.name == "RUNNING":
+            break
+    doomed.send_signal(signal.SIGKILL)
+    doomed.wait(timeout=60)
+    time.sleep(4)  # three missed heartbeats
+    survivor = run_step("finetune", [*args[:7], "20", *args[8:]], tmp)  # same study, a short trial
+    assert survivor.returncode == 0, survivor.stderr[-3000:]
+    trials = optuna.load_study(study_name="dies", storage=storage).trials
+    assert trials[0].state.name == "FAIL"
+    retried = [t for t in trials[1:] if RetryHeartbeatStaleTrialCallback.retried_trial_number(t) == 0]
+    assert retried and retried[0].params == trials[0].params and retried[0].state.is_finished()
