@@ -208,7 +208,13 @@ class _Shard:
             raise BadInput(f"{path}: shard lacks tensors {missing}")
         self.base = 8 + n
         self.entries = entries
+        self.fd = os.open(path, os.O_RDONLY)  # one descriptor per shard, not one per tensor read
         self.offsets = self._read("offsets", 0, None)
+
+    def __del__(self) -> None:
+        fd = getattr(self, "fd", None)
+        if fd is not None:
+            os.close(fd)
 
     def _read(self, name: str, start: int, stop: int | None) -> torch.Tensor:
         entry = self.entries[name]
@@ -217,11 +223,7 @@ class _Shard:
         row = math.prod(shape[1:]) * itemsize
         stop = shape[0] if stop is None else stop
         begin = self.base + entry["data_offsets"][0] + start * row
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            raw = os.pread(fd, (stop - start) * row, begin)
-        finally:
-            os.close(fd)
+        raw = os.pread(self.fd, (stop - start) * row, begin)
         return torch.frombuffer(bytearray(raw), dtype=dtype).view(stop - start, *shape[1:])
 
     def sample(self, i: int) -> Sample:

@@ -7,6 +7,7 @@ every layer's states, and the same code serves training data, offline eval and o
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,9 @@ class Target:
         self._captured: dict[int, torch.Tensor] = {}
         self._layer_ids: list[int] = []
         self._hooks: list[Any] = []
+        # transformers 5 names the KV-cache argument `cache`; 4.x `past_key_values`. Looked up once, not per token.
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
     # -------------------------------------------------------------- structure
     @property
@@ -120,12 +124,16 @@ class Target:
         norm_hook = self.model.model.norm.register_forward_hook(lambda _m, _i, o: final.__setitem__("h", o))
         try:
             out = self.model(
-                input_ids=input_ids, past_key_values=past_key_values, attention_mask=attention_mask, use_cache=True
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                use_cache=True,
+                **{self._cache_kw: past_key_values},
             )
         finally:
             norm_hook.remove()
         aux = torch.cat([self._captured[i] for i in self._layer_ids], dim=-1)
-        return TargetOutput(out.logits, aux, final["h"], out.past_key_values)
+        cache = getattr(out, "cache", None)
+        return TargetOutput(out.logits, aux, final["h"], cache if cache is not None else out.past_key_values)
 
     @staticmethod
     def crop_cache(cache: Any, length: int) -> None:

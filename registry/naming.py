@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"  # the embedded default store, in the working folder
 ALIASES = ("imported", "candidate", "staging", "production")
 LEGACY_STAGE = {"staging": "Staging", "production": "Production"}
 
@@ -33,3 +35,15 @@ def model_name_for(target: str) -> str:
 
 def eval_tag(profile: str, key: str) -> str:
     return f"eval.{profile}.{key}"
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
+
+
+def same_target(a: str, b: str) -> bool:
+    """Two ways of naming one target: the same folder (however written) or the same hub id."""
+    pa, pb = Path(a), Path(b)
+    if pa.exists() and pb.exists():
+        return pa.resolve() == pb.resolve()
+    return a.rstrip("/") == b.rstrip("/")

@@ -72,13 +72,12 @@ def decide(
     model_target: str | None,
     incumbent: Evidence | None = None,
     margin: float = 0.0,
-    same_target=lambda a, b: a == b,
 ) -> Decision:
     if stage not in ("staging", "production"):
         raise ValueError(f"stage must be staging or production, got {stage!r}")
     d = Decision(stage, candidate.version)
     gate_ok = candidate.gate == "passed" and (
-        model_target is None or candidate.gate_target is None or same_target(candidate.gate_target, model_target)
+        model_target is None or candidate.gate_target is None or naming.same_target(candidate.gate_target, model_target)
     )
     if candidate.gate != "passed":
         gate_detail = f"shape gate {candidate.gate or 'never run'}"

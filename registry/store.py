@@ -23,7 +23,7 @@ URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[A-Z
 def client():
     from mlflow import MlflowClient
 
-    os.environ.setdefault("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    os.environ.setdefault("MLFLOW_TRACKING_URI", naming.DEFAULT_TRACKING_URI)
     warnings.filterwarnings("ignore", module="mlflow")
     return MlflowClient()
 
@@ -186,7 +186,7 @@ def version_folder(uri: str) -> tuple[Any, Path]:
 def registry_lock():
     """Serialise registry writes that must see each other (idempotent registration, promotion) against
     one local store; a tracking server serialises its own writes, and the audit trail keeps both."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    uri = naming.tracking_uri()
     if not uri.startswith("sqlite:///"):
         yield
         return

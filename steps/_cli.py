@@ -13,8 +13,7 @@ import warnings
 from collections.abc import Callable, Iterator
 
 from drafter.errors import DrafterOpsError
-
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+from registry.naming import DEFAULT_TRACKING_URI
 
 
 def parser(name: str, description: str) -> argparse.ArgumentParser:

@@ -93,9 +93,9 @@ def suggest(trial: Any, space: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def default_storage() -> str:
     """An SQLite file next to the MLflow database (embedded default)."""
-    import os
+    from registry.naming import tracking_uri
 
-    uri = os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    uri = tracking_uri()
     if uri.startswith("sqlite:///"):
         return f"sqlite:///{Path(uri.removeprefix('sqlite:///')).parent / 'optuna.db'}"
     return "sqlite:///optuna.db"
@@ -144,7 +144,7 @@ def prepare_init(init: str, dataset: Any, arch: str):
                 "dataset's target first"
             )
         data_target = str(dataset.index.get("target", ""))
-        if data_target and gate_target and not _same_target(gate_target, data_target):
+        if data_target and gate_target and not naming.same_target(gate_target, data_target):
             raise BadInput(f"{init}: shape gate passed for {gate_target!r}, but the dataset is from {data_target!r}")
         folder = store.download_version(f"models:/{mv.name}/{mv.version}").folder
     else:
@@ -155,13 +155,6 @@ def prepare_init(init: str, dataset: Any, arch: str):
     check_fit(model.config, dataset)
     attach_target_embedding(model, dataset)
     return model, model.config, mv
-
-
-def _same_target(a: str, b: str) -> bool:
-    pa, pb = Path(a), Path(b)
-    if pa.exists() and pb.exists():
-        return pa.resolve() == pb.resolve()
-    return a.rstrip("/") == b.rstrip("/")
 
 
 def run(args: argparse.Namespace) -> int:

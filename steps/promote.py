@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from drafter.cost import load_profile
 from drafter.errors import BadInput
@@ -17,13 +16,6 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--stage", default="production", choices=["staging", "production"])
     p.add_argument("--margin", default="0.0", help="production: how much worse than the incumbent is tolerated")
     return p
-
-
-def _same_target(a: str, b: str) -> bool:
-    pa, pb = Path(a), Path(b)
-    if pa.exists() and pb.exists():
-        return pa.resolve() == pb.resolve()
-    return a.rstrip("/") == b.rstrip("/")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
             if args.stage in c.get_registered_model(mv.name).aliases:
                 note = f"the {args.stage} alias pointed at a deleted version; treated as empty"
                 c.delete_registered_model_alias(mv.name, args.stage)
-        decision = policy.decide(candidate, args.stage, model_target, incumbent, margin, _same_target)
+        decision = policy.decide(candidate, args.stage, model_target, incumbent, margin)
         lines = [
             f"promote models:/{mv.name}/{mv.version} to {args.stage} on {profile.name}:",
             "",

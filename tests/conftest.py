@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,48 @@ def run_step(name: str, args: list[str], cwd: Path, wait: bool = True):
             cmd, cwd=cwd, env=step_env(cwd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
     return subprocess.run(cmd, cwd=cwd, env=step_env(cwd), capture_output=True, text=True, timeout=900)
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def mlflow_server(folder: Path, backend_uri: str, *extra: str):
+    """A real `mlflow server` on loopback, up (port accepting) before the body runs; yields its URL."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    port = free_port()
+    cmd = [
+        str(Path(sys.executable).with_name("mlflow")),
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--backend-store-uri",
+        backend_uri,
+        "--workers",
+        "1",
+        *extra,
+    ]
+    server = subprocess.Popen(cmd, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(120):
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from tests.conftest import free_port
 
 
 def _bin(name: str) -> str | None:
@@ -28,9 +29,7 @@ def postgres_server() -> Iterator[str]:
     as_user = ["runuser", "-u", "postgres", "--"] if root else []
     if root:
         shutil.chown(data, "postgres", "postgres")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     subprocess.run([*as_user, initdb, "-D", data, "-A", "trust", "-U", "postgres"], check=True, capture_output=True)
     subprocess.run(
         [

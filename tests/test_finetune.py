@@ -8,7 +8,7 @@ import optuna
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import run_step, step_env
+from tests.conftest import free_port, run_step, step_env
 from tests.test_data import PROMPTS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +35,18 @@ def world(tiny_targets, tmp_path_factory):
     )
     assert run_step("import_drafter", ["--source", str(tmp / "d"), "--target", str(wrapped)], tmp).returncode == 0
     return tmp, wrapped
+
+
+def gate_and_write_space(tmp: Path, wrapped: Path, folder: Path) -> Path:
+    """Pass the imported version through the shape gate and write a learning-rate-only search space."""
+    assert (
+        run_step(
+            "shape_gate", ["--model", "models:/k25-tiny-eagle3@imported", "--target", str(wrapped)], tmp
+        ).returncode
+        == 0
+    )
+    (folder / "space.yaml").write_text("lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}\n")
+    return folder / "space.yaml"
 
 
 SPACE = "lr: {type: float, low: 1.0e-7, high: 1.0e-2, log: true}\nnoise_std: {type: float, low: 0.0, high: 1.0e+39}\n"
@@ -134,8 +146,7 @@ def test_two_workers_share_one_study_on_postgresql(world, tmp_path):
     from tests.postgres import postgres_server
 
     tmp, wrapped = world
-    run_step("shape_gate", ["--model", "models:/k25-tiny-eagle3@imported", "--target", str(wrapped)], tmp)
-    (tmp_path / "space.yaml").write_text("lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}\n")
+    gate_and_write_space(tmp, wrapped, tmp_path)
     with postgres_server() as url:
         # as an operator would: create the shared study once (Optuna's schema creation is not race-free)
         optuna.create_study(study_name="shared", storage=url, direction="maximize")
@@ -185,15 +196,11 @@ def test_two_workers_share_one_study_on_postgresql(world, tmp_path):
 def test_two_ranks_under_a_launcher_run_the_same_trials(world, tmp_path):
     """torchrun with 2 CPU ranks (gloo): every rank trains the same trial (TorchDistributedTrial), rank 0
     alone talks to Optuna and MLflow, so each trial is one study trial and one MLflow run."""
-    import socket
 
     tmp, wrapped = world
-    run_step("shape_gate", ["--model", "models:/k25-tiny-eagle3@imported", "--target", str(wrapped)], tmp)
-    (tmp_path / "space.yaml").write_text("lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}\n")
+    gate_and_write_space(tmp, wrapped, tmp_path)
     storage = f"sqlite:///{tmp_path}/optuna.db"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [
         sys.executable,
         "-m",
@@ -252,8 +259,7 @@ def test_a_trial_whose_worker_died_is_retried_not_lost(world, tmp_path):
     from optuna.storages import RetryHeartbeatStaleTrialCallback
 
     tmp, wrapped = world
-    run_step("shape_gate", ["--model", "models:/k25-tiny-eagle3@imported", "--target", str(wrapped)], tmp)
-    (tmp_path / "space.yaml").write_text("lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}\n")
+    gate_and_write_space(tmp, wrapped, tmp_path)
     storage = f"sqlite:///{tmp_path}/optuna.db"
     args = [
         "--init",

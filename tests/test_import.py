@@ -1,9 +1,6 @@
-import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import mlflow
@@ -14,7 +11,7 @@ from drafter.checkpoint import load_drafter, save_drafter
 from drafter.errors import BadInput
 from registry import naming, store
 from steps import import_drafter
-from tests.conftest import tiny_drafter
+from tests.conftest import mlflow_server, step_env, tiny_drafter
 
 ROOT = Path(__file__).resolve().parents[1]
 CARD = "---\nlicense: mit\nbase_model: k2-tiny\n---\n# tiny\n\nTraining samples: 1.4M conversations\n"
@@ -170,47 +167,10 @@ def test_hub_path_through_a_local_hub_cache(tracking, public_drafter, tmp_path, 
     assert mv.tags[naming.TAG_SOURCE] == f"hf://AQ-MedAI/Kimi-K2-Instruct-eagle3@{commit}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_import_through_a_live_mlflow_server(public_drafter, tmp_path):
-    port = _free_port()
-    server = subprocess.Popen(
-        [
-            str(Path(sys.executable).with_name("mlflow")),
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--backend-store-uri",
-            f"sqlite:///{tmp_path}/server.db",
-            "--artifacts-destination",
-            str(tmp_path / "art"),
-            "--workers",
-            "1",
-        ],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        uri = f"http://127.0.0.1:{port}"
-        for _ in range(120):
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                time.sleep(0.5)
-        env = {
-            **os.environ,
-            "MLFLOW_TRACKING_URI": uri,
-            "PYTHONPATH": str(ROOT),
-            "DRAFTEROPS_CACHE": str(tmp_path / "cache"),
-        }
+    backend = f"sqlite:///{tmp_path}/server.db"
+    with mlflow_server(tmp_path, backend, "--artifacts-destination", str(tmp_path / "art")) as uri:
+        env = {**step_env(tmp_path), "MLFLOW_TRACKING_URI": uri}
         res = subprocess.run(
             [
                 sys.executable,
@@ -232,6 +192,3 @@ def test_import_through_a_live_mlflow_server(public_drafter, tmp_path):
         mv = c.get_model_version_by_alias("tiny-k2.5-eagle3", "imported")
         assert mv.tags[naming.TAG_SHA256] == store.file_hashes(public_drafter)["model.safetensors"]
         assert any((tmp_path / "art").rglob("model.safetensors"))  # stored by the server, not locally
-    finally:
-        server.terminate()
-        server.wait(timeout=30)

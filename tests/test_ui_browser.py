@@ -3,15 +3,11 @@ model's versions, the production alias and the shape-gate table."""
 
 import json
 import shutil
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_step
+from tests.conftest import mlflow_server, run_step
 from tests.test_data import PROMPTS, write_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,49 +61,23 @@ def test_registered_model_page_shows_versions_alias_and_gate(tiny_targets, draft
         tmp_path,
     )
     step("promote", ["--model", uri, "--profile", str(tmp_path / "slow.yaml")], tmp_path)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [
-            str(Path(sys.executable).with_name("mlflow")),
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--backend-store-uri",
-            f"sqlite:///{tmp_path}/mlflow.db",
-            "--workers",
-            "1",
-        ],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
         opts.add_argument(arg)
     browser = None
-    try:
-        for _ in range(120):
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                time.sleep(0.5)
-        browser = webdriver.Chrome(service=Service(DRIVER), options=opts)
-        base = f"http://127.0.0.1:{port}"
-        browser.get(f"{base}/#/models/k25-tiny-eagle3")
-        WebDriverWait(browser, 60).until(lambda b: "Version 1" in b.page_source and "production" in b.page_source)
-        browser.save_screenshot(str(tmp_path / "model.png"))
-        browser.get(f"{base}/#/models/k25-tiny-eagle3/versions/1")
-        WebDriverWait(browser, 60).until(lambda b: "Shape gate vs" in b.page_source and "fc.weight" in b.page_source)
-        assert "imported" in browser.page_source
-        browser.save_screenshot(str(tmp_path / "version.png"))
-    finally:
-        if browser is not None:
-            browser.quit()
-        server.terminate()
-        server.wait(timeout=30)
+    with mlflow_server(tmp_path, f"sqlite:///{tmp_path}/mlflow.db") as base:
+        try:
+            browser = webdriver.Chrome(service=Service(DRIVER), options=opts)
+            browser.get(f"{base}/#/models/k25-tiny-eagle3")
+            WebDriverWait(browser, 60).until(lambda b: "Version 1" in b.page_source and "production" in b.page_source)
+            browser.save_screenshot(str(tmp_path / "model.png"))
+            browser.get(f"{base}/#/models/k25-tiny-eagle3/versions/1")
+            WebDriverWait(browser, 60).until(
+                lambda b: "Shape gate vs" in b.page_source and "fc.weight" in b.page_source
+            )
+            assert "imported" in browser.page_source
+            browser.save_screenshot(str(tmp_path / "version.png"))
+        finally:
+            if browser is not None:
+                browser.quit()
