@@ -18,7 +18,7 @@ from bench.sparse import write_sparse_safetensors
 from drafter.checkpoint import EMBED, expected_tensors, read_header
 from drafter.config import DrafterConfig
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "kimi-k2-eagle3.config.json"
+REFERENCE = Path(__file__).resolve().parents[1] / "configs" / "reference" / "kimi-k2-eagle3.config.json"
 
 
 def measure(fn, repeats: int) -> tuple[float, int]:
@@ -63,7 +63,7 @@ def main() -> None:
         },
     ]
     notes = (
-        f"K2 drafter shapes from ../shared/reference ({size / 1e9:.2f} GB logical). Header read is "
+        f"K2 drafter shapes from configs/reference ({size / 1e9:.2f} GB logical). Header read is "
         f"{full_s / header_s:.0f}x faster and reads {full_b / max(header_b, 1):.0f}x fewer bytes."
     )
     print(write_results("header_read", rows, notes).read_text())

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from drafter import failpoints
 from drafter.data import DatasetComplete, DatasetWriter, Sample
 from drafter.errors import BadInput
 from drafter.prompts import TokenizedPrompt, tokenize_record
@@ -62,7 +63,9 @@ def capture(
         writer = DatasetWriter(Path(out), meta, shard_tokens=shard_tokens)
     except DatasetComplete as done:
         return done.index
+    failpoints.hit("capture:after_partial")
     writer.write_head(target.lm_head_weight, target.embedding_weight)
+    failpoints.hit("capture:after_head")
     start = writer.done_samples
     todo = plan.prompts[start:]
     bar = tqdm(
@@ -81,7 +84,10 @@ def capture(
             )
         )
         bar.update(len(prompt.input_ids))
+        failpoints.hit(f"capture:sample_{start + k + 1}")
+        failpoints.hit(f"capture:shard_{len(writer.shards)}")
         if on_sample is not None:
             on_sample(start + k + 1)
     bar.close()
+    failpoints.hit("capture:before_index")
     return writer.finish()

@@ -91,7 +91,22 @@ def parse_header_bytes(raw: bytes, file_size: int, where: str) -> dict[str, dict
                 f"{math.prod(shape) * DTYPES[dtype][1]}"
             )
         tensors[name] = entry
+    _check_layout(tensors, data_size, where)
     return tensors
+
+
+def _check_layout(tensors: dict[str, dict], data_size: int, where: str) -> None:
+    """safetensors' own rule: tensors tile the data area exactly, in order, without overlap or gap
+    (the library refuses any other file, so a header-only reader must too)."""
+    at = 0
+    for name, entry in sorted(tensors.items(), key=lambda kv: tuple(kv[1]["data_offsets"])):
+        begin, end = entry["data_offsets"]
+        if begin != at:
+            kind = "overlaps the previous tensor" if begin < at else f"leaves a gap of {begin - at} bytes before it"
+            raise BadInput(f"{where}: tensor '{name}' at [{begin}, {end}) {kind} (corrupt or crafted header)")
+        at = end
+    if at != data_size:
+        raise BadInput(f"{where}: {data_size - at} bytes after the last tensor belong to none (corrupt file)")
 
 
 def read_file_header(path: Path) -> dict[str, TensorInfo]:

@@ -3,6 +3,11 @@
 Each rule is a named check with the expected value, the actual one and a verdict (True, False, or
 None for "not checked" when what it needs is unavailable, e.g. target weights given by config only).
 One check per tensor (shape and dtype together), so a mutated tensor fails its own check and no other.
+
+The gate's verdict (`verdict`): `failed` when any check fails; `passed` only when every required check
+was made and passed; `passed-config-only` when nothing failed but a required check could not be made
+(a config-only target, a header-only drafter). Informational checks (rope, undeclared ids) never
+decide. A check that was not made is never a pass.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ class Check:
     actual: str
     ok: bool | None  # None: not checked
     note: str = ""
+    informational: bool = False  # reported, never decides the verdict
 
     @property
     def verdict(self) -> str:
@@ -139,10 +145,20 @@ def check_compat(d: DrafterFacts, t: TargetFacts) -> list[Check]:
         add(
             Check(
                 "embed_tokens (from target)",
-                f"{list(e_shape)}",
+                _rows(e_shape, e_dtype),
                 f"{list(t.embedding.shape)} {t.embedding.dtype}",
-                t.embedding.shape == e_shape,
+                t.embedding.shape == e_shape and t.embedding.dtype == e_dtype,
                 f"absent in the drafter; target's {tc.embedding_name}",
+            )
+        )
+    elif t.weights_known:
+        add(
+            Check(
+                "embed_tokens (from target)",
+                _rows(e_shape, e_dtype),
+                "MISSING",
+                False,
+                f"absent in the drafter, and the target's weights hold no {tc.embedding_name}",
             )
         )
     else:
@@ -159,7 +175,7 @@ def check_compat(d: DrafterFacts, t: TargetFacts) -> list[Check]:
     for key in ("bos_token_id", "eos_token_id"):
         mine, theirs = getattr(cfg, key), getattr(tc, key)
         if mine is None or theirs is None:
-            add(Check(key, str(theirs), str(mine), None, "not declared on one side"))
+            add(Check(key, str(theirs), str(mine), None, "not declared on one side", informational=True))
         else:
             add(Check(key, str(theirs), str(mine), mine == theirs))
     target_rope = tc.text_config.get("rope_theta")
@@ -170,6 +186,7 @@ def check_compat(d: DrafterFacts, t: TargetFacts) -> list[Check]:
             f"target {target_rope}",
             None,
             "reported: the drafter's RoPE is its own and need not equal the target's",
+            informational=True,
         )
     )
     dtype_ok = CONFIG_DTYPES.get(cfg.torch_dtype) is not None
@@ -178,7 +195,17 @@ def check_compat(d: DrafterFacts, t: TargetFacts) -> list[Check]:
 
 
 def passed(checks: list[Check]) -> bool:
+    """Nothing failed (the drafter may still be unproven where a check could not be made)."""
     return all(c.ok is not False for c in checks)
+
+
+def verdict(checks: list[Check]) -> str:
+    """`failed`, `passed-config-only` (nothing failed, a required check not made) or `passed`."""
+    if not passed(checks):
+        return "failed"
+    if any(c.ok is None and not c.informational for c in checks):
+        return "passed-config-only"
+    return "passed"
 
 
 def compare_drafters(a: dict[str, TensorInfo], b: dict[str, TensorInfo]) -> list[tuple[str, str, str, str]]:

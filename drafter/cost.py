@@ -7,7 +7,9 @@ k draft steps, E[accept_len] = (1 - p^(k+1)) / (1 - p); unbounded depth gives 1 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import hashlib
+import json
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import yaml
@@ -17,15 +19,23 @@ from drafter.errors import BadInput
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "configs" / "profiles"
 
 
+DEFAULT_MIN_PROMPTS = 20
+
+
 @dataclass(frozen=True)
 class Profile:
-    """A deployment: the target's plain decode speed and what one speculative cycle costs."""
+    """A deployment: the target's plain decode speed and what one speculative cycle costs.
+
+    verify_ms is everything a cycle costs besides the draft steps (the verify forward, acceptance,
+    cache bookkeeping, the drafter's extend): measured as a whole cycle, as the seed's 30 ms was.
+    min_prompts: the fewest held-out prompts an evaluation needs to count as promotion evidence."""
 
     name: str
     baseline_tps: float
     verify_ms: float
     draft_step_ms: float
     draft_steps: int
+    min_prompts: int = DEFAULT_MIN_PROMPTS
     description: str = ""
 
     @property
@@ -33,7 +43,17 @@ class Profile:
         return self.verify_ms + self.draft_steps * self.draft_step_ms
 
     def with_draft_steps(self, k: int) -> Profile:
-        return Profile(self.name, self.baseline_tps, self.verify_ms, self.draft_step_ms, k, self.description)
+        return replace(self, draft_steps=k)
+
+    def values(self) -> dict[str, float | int | str]:
+        """What decisions depend on (the description does not)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "description"}
+
+    @property
+    def digest(self) -> str:
+        """Identity of the values, not the name: a file that reuses a profile's name with other figures
+        has another digest, so evidence measured under it cannot pass for the real profile's."""
+        return hashlib.sha256(json.dumps(self.values(), sort_keys=True).encode()).hexdigest()
 
 
 def load_profile(name_or_path: str, profile_dir: Path = PROFILE_DIR) -> Profile:
@@ -51,19 +71,27 @@ def load_profile(name_or_path: str, profile_dir: Path = PROFILE_DIR) -> Profile:
     if not isinstance(raw, dict):
         raise BadInput(f"{path}: expected a mapping of profile fields")
     values: dict = {"name": str(raw.get("name", path.stem)), "description": str(raw.get("description", ""))}
+    known = {f.name for f in fields(Profile)} | {"measured"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise BadInput(f"{path}: unknown profile field(s) {', '.join(unknown)}")
     for f in fields(Profile):
         if f.name in values:
             continue
         if f.name not in raw:
+            if f.name == "min_prompts":
+                continue
             raise BadInput(f"{path}: profile is missing field '{f.name}'")
         value = raw[f.name]
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise BadInput(f"{path}: profile field '{f.name}' must be a number, got {value!r}")
-        values[f.name] = int(value) if f.name == "draft_steps" else float(value)
+        values[f.name] = int(value) if f.name in ("draft_steps", "min_prompts") else float(value)
     if values["baseline_tps"] <= 0 or values["verify_ms"] <= 0 or values["draft_step_ms"] < 0:
         raise BadInput(f"{path}: baseline_tps and verify_ms must be > 0, draft_step_ms >= 0")
     if values["draft_steps"] < 1:
         raise BadInput(f"{path}: draft_steps must be >= 1")
+    if values.get("min_prompts", DEFAULT_MIN_PROMPTS) < 1:
+        raise BadInput(f"{path}: min_prompts must be >= 1")
     return Profile(**values)
 
 

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import random
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from drafter.checkpoint import DTYPES, parse_header_bytes
+from drafter.config import read_json
 from drafter.errors import BadInput
 
 FORMAT = "drafterops-hidden-states"
@@ -75,31 +77,42 @@ class DatasetWriter:
 
     def __post_init__(self) -> None:
         self.folder = Path(self.folder)
+        if self.folder.exists() and not self.folder.is_dir():
+            raise BadInput(f"{self.folder}: --out is a file, not a folder")
         if (self.folder / INDEX).is_file():
-            index = json.loads((self.folder / INDEX).read_text())
+            index = read_json(self.folder / INDEX)
             if index.get("meta") != self.meta:
                 raise BadInput(
                     f"{self.folder}: already holds a different dataset (index.json meta differs); "
                     "choose another output folder"
                 )
+            check_shards(self.folder, index.get("shards", []))
             raise DatasetComplete(index)
-        if self.folder.exists() and any(self.folder.iterdir()) and not (self.folder / PARTIAL).is_file():
+        own = {PARTIAL, HEAD_FILE}
+        leftovers = [p.name for p in self.folder.iterdir()] if self.folder.exists() else []
+        foreign = [n for n in leftovers if not (n in own or n.endswith(".tmp") or SHARD_NAME.fullmatch(n))]
+        if foreign:
             raise BadInput(f"{self.folder}: exists and is not a drafterops dataset; refusing to mix")
         self.folder.mkdir(parents=True, exist_ok=True)
         for tmp in self.folder.glob("*.tmp"):
             tmp.unlink()
         if (self.folder / PARTIAL).is_file():
-            partial = json.loads((self.folder / PARTIAL).read_text())
+            partial = read_json(self.folder / PARTIAL)
             if partial.get("meta") != self.meta:
                 raise BadInput(
                     f"{self.folder}: holds an unfinished capture of a different dataset; choose another output folder"
                 )
-            for shard in partial["shards"]:
+            for shard in partial.get("shards", []):
                 path = self.folder / shard["file"]
                 if not path.is_file() or sha256_file(path) != shard["sha256"]:
                     break
                 self.shards.append(shard)
-            self._save_partial()
+        # shards past the last good one (written after a kill, never recorded) are captured again
+        recorded = {s["file"] for s in self.shards}
+        for stale in self.folder.glob("shard-*.safetensors"):
+            if stale.name not in recorded:
+                stale.unlink()
+        self._save_partial()  # from here on the folder is recognisably ours, even before the head file
 
     @property
     def done_samples(self) -> int:
@@ -183,6 +196,31 @@ class DatasetWriter:
         return index
 
 
+SHARD_NAME = re.compile(r"shard-\d{5}\.safetensors")
+
+
+def check_shards(folder: Path, shards: list[dict[str, Any]]) -> None:
+    """Every shard a finished dataset recorded is there with the sha256 it was written with."""
+    for shard in shards:
+        path = Path(folder) / str(shard.get("file", ""))
+        if not path.is_file():
+            raise BadInput(f"{path}: shard recorded in index.json is missing; delete the folder and capture again")
+        if sha256_file(path) != shard.get("sha256"):
+            raise BadInput(f"{path}: shard changed since it was written (sha256 differs from index.json)")
+
+
+def preflight(folder: str | Path) -> None:
+    """What can be refused about an output folder before any model is loaded: a file in its place,
+    a finished dataset whose record is corrupt or whose shards are gone or changed."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise BadInput(f"{folder}: --out is a file, not a folder")
+    if (folder / INDEX).is_file():
+        check_shards(folder, read_json(folder / INDEX).get("shards", []))
+    elif (folder / PARTIAL).is_file():
+        read_json(folder / PARTIAL)
+
+
 class DatasetComplete(Exception):
     """Raised by DatasetWriter when the folder already holds this exact dataset: nothing to do."""
 
@@ -247,10 +285,7 @@ class HiddenStateDataset:
         if not path.is_file():
             hint = " (capture unfinished: rerun make_data to resume)" if (self.folder / PARTIAL).is_file() else ""
             raise BadInput(f"{self.folder}: not a dataset, no {INDEX}{hint}")
-        try:
-            self.index = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise BadInput(f"{path}: not valid JSON ({exc})") from None
+        self.index = read_json(path)
         if self.index.get("format") != FORMAT:
             raise BadInput(f"{path}: not a {FORMAT} index")
         self.verify = verify

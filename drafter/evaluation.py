@@ -24,12 +24,16 @@ from drafter.target import Target
 
 @dataclass
 class OnlineResult:
+    """A decoding trace over prompts. accept_len is pooled over cycles: tokens the verify cycles put
+    into the output (up to EOS or the token budget) / verify cycles, as serving engines count it."""
+
     k: int
-    accepted: list[list[int]]  # per prompt, drafts accepted per cycle
+    accepted: list[list[int]]  # per prompt, drafts accepted per cycle (up to the stop)
+    emitted: list[list[int]]  # per prompt, tokens each cycle put into the output
     baseline_tokens: int
-    baseline_seconds: float
+    baseline_seconds: float  # decode only (prefill excluded), the steady state a profile models
     spec_tokens: int
-    spec_seconds: float
+    spec_seconds: float  # decode only, likewise
     verify_seconds: float
     draft_seconds: float
     mismatches: int = 0  # greedy outputs that differed from the target's own (must be 0)
@@ -40,30 +44,30 @@ class OnlineResult:
         self.cycles = sum(len(a) for a in self.accepted)
 
     @property
+    def num_prompts(self) -> int:
+        return len(self.accepted)
+
+    @property
     def accept_len(self) -> float:
-        return sum(n + 1 for a in self.accepted for n in a) / max(1, self.cycles)
+        return pooled_accept_len(self.per_prompt)
+
+    @property
+    def per_prompt(self) -> list[tuple[int, int]]:
+        """(tokens emitted by cycles, cycles) per prompt: all that accept_len and its CI depend on."""
+        return [(sum(e), len(e)) for e in self.emitted]
 
     def accept_len_ci(self, iters: int = 2000, seed: int = 0) -> tuple[float, float]:
-        """95% bootstrap interval, resampling prompts (cycles within a prompt are not independent)."""
-        per = [(sum(n + 1 for n in a), len(a)) for a in self.accepted if a]
-        if not per:
-            return (1.0, 1.0)
-        rng = random.Random(seed)
-        stats = []
-        for _ in range(iters):
-            pick = [per[rng.randrange(len(per))] for _ in per]
-            stats.append(sum(t for t, _ in pick) / sum(c for _, c in pick))
-        stats.sort()
-        return stats[int(0.025 * iters)], stats[int(0.975 * iters) - 1]
+        return bootstrap_ci(self.per_prompt, iters, seed)
 
     @property
     def acc_pos(self) -> list[float]:
-        """Conditional acceptance at draft position i: P(accepted > i | accepted >= i)."""
-        flat = [n for a in self.accepted for n in a]
+        """Conditional acceptance at draft position i: P(accepted > i | position i was judged). A cycle
+        that stopped on an accepted draft (EOS, token budget) judged no position after it."""
+        pairs = [(n, e) for a, em in zip(self.accepted, self.emitted, strict=True) for n, e in zip(a, em, strict=True)]
         out = []
         for i in range(self.k):
-            reached = sum(1 for n in flat if n >= i)
-            out.append(sum(1 for n in flat if n > i) / reached if reached else 0.0)
+            judged = sum(1 for n, e in pairs if n > i or (n == i and e > n))
+            out.append(sum(1 for n, _ in pairs if n > i) / judged if judged else 0.0)
         return out
 
     @property
@@ -74,11 +78,16 @@ class OnlineResult:
     def host_tps_spec(self) -> float:
         return self.spec_tokens / max(self.spec_seconds, 1e-9)
 
-    def metrics(self, profile: Profile) -> dict[str, float]:
+    @property
+    def host_cycle_ms(self) -> float:
+        """The whole measured cycle (drafting, verify, acceptance, cache crops, drafter extend)."""
+        return 1000 * self.spec_seconds / max(1, self.cycles)
+
+    def metrics(self, profile: Profile, host: Profile | None = None) -> dict[str, float]:
         lo, hi = self.accept_len_ci()
         L = self.accept_len
         tps = projected_tps(L, profile)
-        return {
+        out = {
             "accept_len": L,
             "accept_len_ci_low": lo,
             "accept_len_ci_high": hi,
@@ -90,9 +99,36 @@ class OnlineResult:
             "host_tps_baseline": self.host_tps_baseline,
             "host_tps_spec": self.host_tps_spec,
             "host_speedup": self.host_tps_spec / max(self.host_tps_baseline, 1e-9),
+            "host_cycle_ms": self.host_cycle_ms,
             "host_verify_ms": 1000 * self.verify_seconds / max(1, self.cycles),
             "host_draft_step_ms": 1000 * self.draft_seconds / max(1, self.cycles * self.k),
+            "num_prompts": float(self.num_prompts),
         }
+        if host is not None:  # this host's profile projects what was just measured: do they agree?
+            host_k = host.with_draft_steps(self.k)
+            out["host_tps_projected"] = projected_tps(L, host_k)
+            out["host_projection_error"] = out["host_tps_projected"] / max(self.host_tps_spec, 1e-9) - 1
+        return out
+
+
+def pooled_accept_len(per_prompt: list[tuple[int, int]]) -> float:
+    """Tokens over cycles, pooled across prompts (a prompt with more cycles weighs more)."""
+    return sum(t for t, _ in per_prompt) / max(1, sum(c for _, c in per_prompt))
+
+
+def bootstrap_ci(per_prompt: list[tuple[int, int]], iters: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% bootstrap interval of the pooled accept_len, resampling prompts (cycles within a prompt are
+    not independent)."""
+    per = [p for p in per_prompt if p[1]]
+    if not per:
+        return (1.0, 1.0)
+    rng = random.Random(seed)
+    stats = []
+    for _ in range(iters):
+        pick = [per[rng.randrange(len(per))] for _ in per]
+        stats.append(pooled_accept_len(pick))
+    stats.sort()
+    return stats[int(0.025 * iters)], stats[int(0.975 * iters) - 1]
 
 
 def prompt_ids(tokenizer: Any, record: dict[str, Any], max_len: int) -> tuple[torch.Tensor, bool]:
@@ -138,7 +174,7 @@ def evaluate_online(
         if "<|im_end|>" in target.tokenizer.get_vocab()
         else target.tokenizer.eos_token_id
     )
-    accepted, mismatches, truncated = [], 0, 0
+    accepted, emitted, mismatches, truncated = [], [], 0, 0
     base_tok = spec_tok = 0
     base_s = spec_s = verify_s = draft_s = 0.0
     for i, rec in enumerate(tqdm(records, desc="evaluate", unit="prompt", disable=not progress)):
@@ -151,10 +187,14 @@ def evaluate_online(
         if temperature <= 0 and spec.tokens != base.tokens:
             mismatches += 1
         accepted.append(spec.accepted)
-        base_tok, base_s = base_tok + len(base.tokens), base_s + base.seconds
-        spec_tok, spec_s = spec_tok + len(spec.tokens), spec_s + spec.seconds
+        emitted.append(spec.emitted)
+        # decode-only throughput: the first token comes from the prefill, not from a cycle
+        base_tok, base_s = base_tok + len(base.tokens) - 1, base_s + base.seconds - base.prefill_seconds
+        spec_tok, spec_s = spec_tok + len(spec.tokens) - 1, spec_s + spec.seconds - spec.prefill_seconds
         verify_s, draft_s = verify_s + spec.verify_seconds, draft_s + spec.draft_seconds
-    return OnlineResult(k, accepted, base_tok, base_s, spec_tok, spec_s, verify_s, draft_s, mismatches, truncated)
+    return OnlineResult(
+        k, accepted, emitted, base_tok, base_s, spec_tok, spec_s, verify_s, draft_s, mismatches, truncated
+    )
 
 
 def acceptance_figure(offline: list[float] | None, online: list[float], title: str):

@@ -29,8 +29,12 @@ def read_prompts(path: str | Path, limit: int | None = None) -> list[dict[str, A
     if not path.is_file():
         raise BadInput(f"{path}: prompts file not found")
     records = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise BadInput(f"{path}:{lineno}: not UTF-8 (byte {exc.start + 1} of the line)") from None
             if not line.strip():
                 continue
             try:
@@ -55,6 +59,8 @@ def _check_record(rec: Any, where: str) -> dict[str, Any]:
         for i, m in enumerate(msgs):
             if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
                 raise BadInput(f"{where}: messages[{i}] needs string 'role' and 'content'")
+        if not any(m["role"] == "user" for m in msgs):
+            raise BadInput(f"{where}: the conversation has no user turn (a prompt needs something to answer)")
         return {"messages": msgs}
     if isinstance(rec.get("text"), str):
         return {"text": rec["text"]}

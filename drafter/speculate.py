@@ -5,6 +5,11 @@ one forward with its KV cache, the accepted prefix plus one token from the targe
 the bonus token when all k were accepted) is kept, both caches are cropped, and the cycle repeats.
 Greedy mode reproduces the target's greedy output token for token; sampling mode uses the standard
 lossless rule (accept d with probability min(1, p(d)/q(d)), else sample from max(0, p - q)).
+
+Decoding stops at the end-of-sequence token wherever it lands in a cycle (an accepted draft, the
+correction or the bonus token) and at `max_new_tokens`. Each cycle records the drafts it accepted and
+the tokens it put into the output, counted up to that stop, as serving engines count them; so
+accept_len = tokens emitted by verify cycles / verify cycles (the prefill's first token is no cycle's).
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ from drafter.target import Target
 @dataclass
 class DecodeResult:
     tokens: list[int]  # generated tokens (prompt excluded)
-    accepted: list[int] = field(default_factory=list)  # drafts accepted per verify cycle (0..k)
+    accepted: list[int] = field(default_factory=list)  # drafts accepted per verify cycle (0..k), up to the stop
+    emitted: list[int] = field(default_factory=list)  # tokens each verify cycle put into the output
     seconds: float = 0.0
+    prefill_seconds: float = 0.0  # the prompt's forward and the first token: no cycle's work
     target_forwards: int = 0
     verify_seconds: float = 0.0
     draft_seconds: float = 0.0
@@ -52,12 +59,13 @@ def target_generate(
     cache = target.new_cache()
     out = target.forward(prompt[None], past_key_values=cache)
     tokens = [_pick(out.logits[0, -1], temperature, generator)]
+    prefill = time.perf_counter() - start
     forwards = 1
     while len(tokens) < max_new_tokens and tokens[-1] != eos_token_id:
         out = target.forward(torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values)
         tokens.append(_pick(out.logits[0, -1], temperature, generator))
         forwards += 1
-    return DecodeResult(tokens, seconds=time.perf_counter() - start, target_forwards=forwards)
+    return DecodeResult(tokens, seconds=time.perf_counter() - start, prefill_seconds=prefill, target_forwards=forwards)
 
 
 @torch.no_grad()
@@ -80,7 +88,7 @@ def speculative_generate(
     tokens = [nxt]
     dcache = DraftCache()
     hidden = drafter.extend(dcache, torch.cat([prompt[1:], torch.tensor([nxt])]), out.aux_hidden[0])
-    result = DecodeResult(tokens, target_forwards=1)
+    result = DecodeResult(tokens, target_forwards=1, prefill_seconds=time.perf_counter() - start)
     while len(tokens) < max_new_tokens and tokens[-1] != eos_token_id:
         t0 = time.perf_counter()
         drafts, q = drafter.propose(dcache, hidden[:, -1:], k, temperature=temperature, generator=generator)
@@ -91,20 +99,29 @@ def speculative_generate(
         result.target_forwards += 1
         logits = verify.logits[0]  # row i predicts the token after position n_ctx + i
         n, new = _accept(logits, drafts, q, temperature, generator)
-        result.accepted.append(n)
         emitted = [*drafts[:n].tolist(), new]
-        tokens += emitted
+        kept = _until_stop(emitted, eos_token_id, max_new_tokens - len(tokens))
+        result.accepted.append(min(n, len(kept)))
+        result.emitted.append(len(kept))
+        tokens += kept
+        if len(kept) < len(emitted) or kept[-1] == eos_token_id:
+            break
         # keep the target's states for nxt and the accepted drafts; drop the rejected ones
         target.crop_cache(verify.past_key_values, n_ctx + 1 + n)
         out = verify
         hidden = drafter.extend(dcache, torch.tensor(emitted), verify.aux_hidden[0, : n + 1])
         n_ctx += 1 + n
         nxt = new
-    if eos_token_id is not None and eos_token_id in tokens:
-        tokens = tokens[: tokens.index(eos_token_id) + 1]
-    result.tokens = tokens[:max_new_tokens]
+    result.tokens = tokens
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _until_stop(emitted: list[int], eos_token_id: int | None, room: int) -> list[int]:
+    """The part of one cycle's tokens that reaches the output: up to and including EOS, within room."""
+    if eos_token_id is not None and eos_token_id in emitted:
+        emitted = emitted[: emitted.index(eos_token_id) + 1]
+    return emitted[: max(room, 0)]
 
 
 def _accept(

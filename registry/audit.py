@@ -56,8 +56,11 @@ def record(c: Any, name: str, version: str, decision: str, reasons: dict[str, An
     return run.info.run_id
 
 
-def move_alias(c: Any, name: str, alias: str, version: str, reason: str) -> str | None:
-    """Point `alias` at `version`, mirror the legacy stage, mark the replaced version; returns it."""
+def move_alias(c: Any, name: str, alias: str, version: str, reason: str, by_promote: bool = False) -> str | None:
+    """Point `alias` at `version`, mirror the legacy stage, mark the replaced version; returns it.
+    Serving aliases move only when the promotion rule said yes (`by_promote`)."""
+    if alias in naming.PROTECTED_ALIASES and not by_promote:
+        naming.check_alias(alias)  # raises: no step but `promote` may move a serving alias
     previous = current_alias_version(c, name, alias)
     record(c, name, version, f"alias:{alias}", reason, alias=alias, previous=previous or "")
     c.set_registered_model_alias(name, alias, str(version))

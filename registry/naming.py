@@ -8,6 +8,8 @@ from pathlib import Path
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"  # the embedded default store, in the working folder
 ALIASES = ("imported", "candidate", "staging", "production")
+PROTECTED_ALIASES = ("staging", "production")  # serving aliases: they move only through `promote`
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 LEGACY_STAGE = {"staging": "Staging", "production": "Production"}
 
 TAG_SOURCE = "source"
@@ -27,6 +29,36 @@ def target_slug(target: str) -> str:
     name = Path(str(target).rstrip("/").removeprefix("hf://").split("@")[0]).name
     slug = re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-.")
     return slug or "target"
+
+
+def check_name(name: str, what: str = "--name") -> str:
+    """A registered-model name goes into search filters, URIs and cache paths: letters, digits, '.',
+    '_' and '-' only, no '..', so it can break none of them."""
+    from drafter.errors import BadInput
+
+    if not SAFE_NAME.fullmatch(name) or ".." in name:
+        raise BadInput(
+            f"{what} {name!r} is not a valid model name (letters, digits, '.', '_', '-'; at most 128; no '..')"
+        )
+    return name
+
+
+def check_alias(alias: str, what: str = "--alias") -> str:
+    """An alias a step other than `promote` may set: never a protected serving alias."""
+    from drafter.errors import BadInput
+
+    if alias in PROTECTED_ALIASES:
+        raise BadInput(f"{what} {alias!r}: {' and '.join(PROTECTED_ALIASES)} move only through `promote`")
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", alias) or alias.isdigit() or alias.lower() == "latest":
+        raise BadInput(f"{what} {alias!r} is not a valid alias (letters, digits, '_', '-'; not a number)")
+    return alias
+
+
+def quote_filter_value(value: str) -> str:
+    """A string literal for an MLflow search filter (values here are validated names and versions)."""
+    if "'" in value or "\\" in value or "\n" in value:
+        raise ValueError(f"refusing to put {value!r} into a search filter")
+    return f"'{value}'"
 
 
 def model_name_for(target: str) -> str:

@@ -1,9 +1,12 @@
 """The promotion rule, pure and testable: a drafter reaches a serving stage only when it is known to fit
 the target and measurably beats break-even on the deployment it would serve.
 
-production: (1) shape_gate passed for this registered model's target; (2) evaluated on the profile;
-(3) accept_len_ci_low > break-even; (4) not worse than the current production version on the same
-profile (by more than `margin`). staging: (1), (2) and accept_len > break-even.
+production: (1) the shape gate, recomputed from headers, passed against this registered model's
+target (against its weights, not its config alone); (2) an evaluation whose conditions match the
+profile (its values, not its name), the target, the draft depth and the version's weights, on at
+least the profile's min_prompts; (3) its accept_len_ci_low > break-even recomputed from the profile;
+(4) not worse than the current production version on the same evidence (by more than `margin`).
+staging: (1) (a config-only gate will do), (2) and accept_len > break-even.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from registry import naming
 
 @dataclass(frozen=True)
 class Evidence:
-    """What the registry says about one version, for one profile."""
+    """What was recomputed for one version on one profile: the shape gate from headers, and the
+    evaluation record that matches the profile, target, draft depth and weights (none: not evaluated)."""
 
     version: str
     gate: str | None = None
@@ -23,24 +27,8 @@ class Evidence:
     accept_len: float | None = None
     ci_low: float | None = None
     break_even: float | None = None
-
-    @classmethod
-    def from_tags(cls, version: str, tags: dict[str, str], profile: str) -> Evidence:
-        def num(key: str) -> float | None:
-            raw = tags.get(naming.eval_tag(profile, key))
-            try:
-                return float(raw) if raw is not None else None
-            except ValueError:
-                return None
-
-        return cls(
-            str(version),
-            tags.get(naming.TAG_GATE),
-            tags.get(naming.TAG_GATE_TARGET),
-            num("accept_len"),
-            num("accept_len_ci_low"),
-            num("break_even"),
-        )
+    run_id: str | None = None
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -60,10 +48,13 @@ class Decision:
     def allowed(self) -> bool:
         return all(r.ok for r in self.reasons)
 
+    evidence_run: str | None = None
+
     def summary(self) -> str:
         verdict = "promoted" if self.allowed else "refused"
         failed = [r.detail for r in self.reasons if not r.ok]
-        return f"{verdict} to {self.stage}" + (": " + "; ".join(failed) if failed else "")
+        used = f" (evidence: run {self.evidence_run})" if self.evidence_run else ""
+        return f"{verdict} to {self.stage}" + (": " + "; ".join(failed) if failed else "") + used
 
 
 def decide(
@@ -75,21 +66,25 @@ def decide(
 ) -> Decision:
     if stage not in ("staging", "production"):
         raise ValueError(f"stage must be staging or production, got {stage!r}")
-    d = Decision(stage, candidate.version)
-    gate_ok = candidate.gate == "passed" and (
+    d = Decision(stage, candidate.version, evidence_run=candidate.run_id)
+    good = ("passed",) if stage == "production" else ("passed", "passed-config-only")
+    gate_ok = candidate.gate in good and (
         model_target is None or candidate.gate_target is None or naming.same_target(candidate.gate_target, model_target)
     )
-    if candidate.gate != "passed":
-        gate_detail = f"shape gate {candidate.gate or 'never run'}"
+    if candidate.gate not in good:
+        gate_detail = f"shape gate {candidate.gate or 'never run'}" + (
+            " (production needs a gate against the target's weights)" if candidate.gate == "passed-config-only" else ""
+        )
     elif not gate_ok:
         gate_detail = f"shape gate passed for {candidate.gate_target}, not for {model_target}"
     else:
         gate_detail = f"shape gate passed for {candidate.gate_target}"
     d.reasons.append(Reason("shape_gate", gate_ok, gate_detail))
     evaluated = candidate.accept_len is not None and candidate.break_even is not None
-    d.reasons.append(
-        Reason("evaluated", evaluated, "evaluated on the profile" if evaluated else "never evaluated on this profile")
-    )
+    detail = candidate.note or ("evaluated on the profile" if evaluated else "never evaluated on this profile")
+    if evaluated and candidate.run_id:
+        detail = f"evaluation run {candidate.run_id}" + (f" ({candidate.note})" if candidate.note else "")
+    d.reasons.append(Reason("evaluated", evaluated, detail))
     if not evaluated:
         return d
     be, L = candidate.break_even, candidate.accept_len

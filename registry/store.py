@@ -20,11 +20,22 @@ from registry.resolve import DrafterRef
 URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[A-Za-z0-9_-]+))$")
 
 
+_READY: set[str] = set()
+
+
 def client():
+    """A client of the tracking store. A local SQLite store is created (schema, default experiment)
+    under the registry lock, so several processes using a fresh store at once do not race its
+    migrations; a tracking server does that itself."""
     from mlflow import MlflowClient
 
     os.environ.setdefault("MLFLOW_TRACKING_URI", naming.DEFAULT_TRACKING_URI)
     warnings.filterwarnings("ignore", module="mlflow")
+    uri = naming.tracking_uri()
+    if uri.startswith("sqlite:///") and uri not in _READY:
+        with registry_lock():
+            MlflowClient().search_experiments(max_results=1)
+        _READY.add(uri)
     return MlflowClient()
 
 
@@ -57,6 +68,7 @@ def parse_uri(uri: str) -> tuple[str, str | None, str | None]:
     m = URI.match(uri)
     if not m:
         raise BadInput(f"{uri}: not a model URI (models:/<name>/<version> or models:/<name>@<alias>)")
+    naming.check_name(m["name"], uri + ":")
     return m["name"], m["version"], m["alias"]
 
 
@@ -101,7 +113,7 @@ def cache_dir() -> Path:
 
 
 def find_complete_version(c: Any, name: str, sha: str):
-    for mv in c.search_model_versions(f"name='{name}'"):
+    for mv in c.search_model_versions(f"name={naming.quote_filter_value(name)}"):
         if mv.tags.get(naming.TAG_SHA256) == sha and mv.tags.get(naming.TAG_COMPLETE) == "true":
             return mv
     return None
@@ -110,7 +122,7 @@ def find_complete_version(c: Any, name: str, sha: str):
 def drop_incomplete(c: Any, name: str, sha: str) -> list[str]:
     """Versions a crash left behind for these weights (never aliased): delete them."""
     dropped = []
-    for mv in c.search_model_versions(f"name='{name}'"):
+    for mv in c.search_model_versions(f"name={naming.quote_filter_value(name)}"):
         if mv.tags.get(naming.TAG_SHA256) == sha and mv.tags.get(naming.TAG_COMPLETE) != "true":
             c.delete_model_version(name, mv.version)
             dropped.append(mv.version)
@@ -121,6 +133,7 @@ def ensure_registered_model(c: Any, name: str, target: str) -> None:
     """Create the registered model for `target`, or refuse a name that belongs to another target."""
     from mlflow.exceptions import MlflowException
 
+    naming.check_name(name)
     try:
         rm = c.get_registered_model(name)
     except MlflowException:

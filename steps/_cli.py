@@ -1,6 +1,7 @@
 """The convention every entry point follows: argparse with the MLproject's parameter names, one-line
-errors on stderr, DESIGN.md's exit codes (0 ok, 1 a gate said no, 2 bad input), and the MLflow run
-the step belongs to (the one `mlflow run` started, or a new one)."""
+errors on stderr, DESIGN.md's exit codes (0 ok, 1 a gate said no, 2 bad input, 3 an internal error
+whose traceback goes to a log file and the run's artifacts, never onto the user's terminal), and the
+MLflow run the step belongs to (the one `mlflow run` started, or a new one)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,43 @@ import contextlib
 import logging
 import os
 import sys
+import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
-from drafter.errors import DrafterOpsError
+from drafter import failpoints
+from drafter.errors import INTERNAL_ERROR, DrafterOpsError
 from registry.naming import DEFAULT_TRACKING_URI
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line and exit 2 (not a usage block)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"{self.prog.split('.')[-1]}: bad argument: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
 def parser(name: str, description: str) -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(prog=f"python -m steps.{name}", description=description)
+    return _Parser(prog=f"python -m steps.{name}", description=description)
+
+
+def log_dir() -> Path:
+    return Path(os.environ.get("DRAFTEROPS_LOG_DIR", Path.home() / ".cache" / "drafterops" / "logs"))
+
+
+def write_traceback(name: str, text: str) -> Path | None:
+    """Keep an internal error's traceback where a user (or a bug report) can find it."""
+    try:
+        folder = log_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
+        path.write_text(text)
+        return path
+    except OSError:
+        return None
 
 
 def none_if_empty(value: str | None) -> str | None:
@@ -28,9 +57,13 @@ def none_if_empty(value: str | None) -> str | None:
 def configure_mlflow() -> None:
     """The embedded default store unless the user points MLFLOW_TRACKING_URI elsewhere."""
     os.environ.setdefault("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # not for a few small files
     for name in ("mlflow", "alembic", "urllib3"):
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", module="mlflow")
+
+
+_STEP_RUNS: list[str] = []  # runs this process opened as steps: the exit code is recorded on the first
 
 
 @contextlib.contextmanager
@@ -39,19 +72,39 @@ def step_run(name: str, tags: dict[str, str] | None = None) -> Iterator[object]:
     run, or starts a fresh one. Marks it FAILED when the step raises bad input."""
     import mlflow
 
+    from registry.store import client
+
     configure_mlflow()
+    client()  # a fresh local store is created once, under its lock, before any run touches it
     nested = mlflow.active_run() is not None
     run = mlflow.start_run(run_name=name, nested=nested, tags={"drafterops.step": name, **(tags or {})})
+    _STEP_RUNS.append(run.info.run_id)
     try:
+        failpoints.hit(name)
         yield run
     except DrafterOpsError as exc:
+        _mark(exc.exit_code, None if exc.exit_code < INTERNAL_ERROR else traceback.format_exc())
         mlflow.end_run(status="FINISHED" if exc.exit_code == 1 else "FAILED")
         raise
-    except BaseException:
+    except Exception:
+        _mark(INTERNAL_ERROR, traceback.format_exc())
         mlflow.end_run(status="FAILED")
+        raise
+    except BaseException:  # Ctrl-C, SystemExit: the run did not finish
+        mlflow.end_run(status="KILLED")
         raise
     else:
         mlflow.end_run()
+
+
+def _mark(code: int, trace: str | None) -> None:
+    """The exit code on the run, and an internal error's traceback as its artifact."""
+    import mlflow
+
+    with contextlib.suppress(Exception):  # recording a failure must not hide it
+        mlflow.set_tag("drafterops.exit_code", str(code))
+        if trace:
+            mlflow.log_text(trace, "error/traceback.txt")
 
 
 def run_step(
@@ -62,15 +115,41 @@ def run_step(
 ) -> None:
     """Parse, run, and exit with the contract's code; errors are one line on stderr, no traceback."""
     args = build().parse_args(argv)
+    configure_mlflow()
     try:
         code = body(args) or 0
+        _record_exit_code(code)
     except DrafterOpsError as exc:
-        print(f"{name}: {exc}", file=sys.stderr)
+        _record_exit_code(exc.exit_code)
+        first = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+        if exc.exit_code >= INTERNAL_ERROR:
+            log = write_traceback(name, traceback.format_exc())
+            first += f" (traceback: {log})" if log else ""
+        print(f"{name}: {first}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         sys.exit(130)
+    except Exception as exc:  # unforeseen: one line here, the whole story in the log
+        _record_exit_code(INTERNAL_ERROR)
+        log = write_traceback(name, traceback.format_exc())
+        what = str(exc).splitlines()[0][:300] if str(exc) else ""
+        where = f"; traceback in {log}" if log else ""
+        print(f"{name}: internal error: {exc.__class__.__name__}: {what}{where}", file=sys.stderr)
+        sys.exit(INTERNAL_ERROR)
     sys.exit(code)
+
+
+def _record_exit_code(code: int) -> None:
+    """The step's exit code on its run, which `main` trusts over the launcher's (`mlflow run` exits 1
+    for any failure, so a crash would look like a gate's refusal)."""
+    run_id = _STEP_RUNS[0] if _STEP_RUNS else os.environ.get("MLFLOW_RUN_ID")  # `mlflow run` made the run
+    if not run_id:
+        return
+    from registry.store import client
+
+    with contextlib.suppress(Exception):
+        client().set_tag(run_id, "drafterops.exit_code", str(code))
 
 
 def log_params(params: dict[str, object]) -> None:

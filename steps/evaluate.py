@@ -8,7 +8,8 @@ from pathlib import Path
 
 from drafter.compat import check_compat, drafter_facts, passed, target_facts
 from drafter.cost import break_even_accept_len, load_profile
-from drafter.errors import BadInput
+from drafter.errors import BadInput, InternalError
+from registry import evidence
 from steps._cli import log_params, none_if_empty, parser, run_step, step_run
 from steps.import_drafter import MINIWORLD
 
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         _num(args.limit, "limit", int),
         _num(args.seed, "seed", int),
     )
-    profile = profile.with_draft_steps(k)
+    base_profile, profile = profile, profile.with_draft_steps(k)
     data_dir, prompts_path = none_if_empty(args.data), none_if_empty(args.prompts)
     if not data_dir and not prompts_path:
         raise BadInput("give --prompts (online) and/or --data (offline)")
@@ -85,13 +86,14 @@ def run(args: argparse.Namespace) -> int:
     target = load_target(args.target)
     drafter = load_drafter(folder, embedding=target.embedding_weight.detach().float()).eval()
     metrics: dict[str, float] = {}
-    offline_acc = None
+    offline_acc, dataset_digest = None, ""
     if data_dir:
         from drafter.data import HiddenStateDataset
         from drafter.train import check_fit, offline_stats
 
         ds = HiddenStateDataset(data_dir)
         check_fit(drafter.config, ds)
+        dataset_digest = ds.index.get("digest", "")
         stats = offline_stats(drafter, ds, list(range(len(ds))), ds.target_head()[drafter.t2d].float(), k)
         offline_acc = stats.conditional_acceptance
         metrics["sim_accept_len"] = stats.sim_accept_len
@@ -100,11 +102,18 @@ def run(args: argparse.Namespace) -> int:
     if records:
         online = evaluate_online(target, drafter, records, k, max_new, temperature, seed, args.progress)
         if online.mismatches:
-            raise RuntimeError(
+            raise InternalError(
                 f"greedy speculative output differed from the target's on {online.mismatches} "
                 "prompts: a decoding bug, not a drafter property"
             )
-        metrics.update(online.metrics(profile))
+        host = host_profile()
+        metrics.update(online.metrics(profile, host))
+        if host is not None and abs(metrics["host_projection_error"]) > STALE:
+            print(
+                f"evaluate: warning: profile 'host' projects {metrics['host_tps_projected']:.1f} tok/s here, "
+                f"measured {metrics['host_tps_spec']:.1f} ({100 * metrics['host_projection_error']:+.0f}%): "
+                "the profile is stale; rerun `python -m bench.host_profile`"
+            )
         if online.truncated:
             print(f"evaluate: warning: {online.truncated} prompts were cut from the left to fit the target context")
     metrics["break_even_accept_len"] = break_even_accept_len(profile)
@@ -140,7 +149,14 @@ def run(args: argparse.Namespace) -> int:
             mlflow.log_figure(
                 acceptance_figure(None, offline_acc, f"{name}: offline acceptance"), "acceptance_by_position.png"
             )
-        if mv is not None:
+        if online is not None and records:
+            record = evidence_record(
+                mv, folder, args.target, base_profile, k, prompts_path, records, temperature, max_new, online
+            )
+            record.dataset_digest = dataset_digest
+            record.sim_accept_len = metrics.get("sim_accept_len")
+            evidence.log_record(record)
+        if mv is not None and online is not None:
             from registry import naming, store
 
             c = store.client()
@@ -155,11 +171,52 @@ def run(args: argparse.Namespace) -> int:
                     naming.eval_tag(profile.name, key),
                     f"{value:.4f}" if isinstance(value, float) else str(value),
                 )
+            # pointers for the UI to the latest record; decisions read the records themselves
             c.set_model_version_tag(
-                mv.name, mv.version, naming.eval_tag(profile.name, "run_id"), mlflow.active_run().info.run_id
+                mv.name, mv.version, naming.eval_tag(profile.name, "run"), mlflow.active_run().info.run_id
             )
     print(summary(name, profile.name, metrics))
     return 0
+
+
+STALE = 0.10  # a host profile that mis-projects what this host measures by more than this is stale
+
+
+def host_profile():
+    """This host's measured profile (configs/profiles/host.yaml), if there is one."""
+    from drafter.cost import PROFILE_DIR
+
+    return load_profile("host") if (PROFILE_DIR / "host.yaml").is_file() else None
+
+
+def evidence_record(mv, folder, target, profile, k, prompts_path, records, temperature, max_new, online):
+    """The whole evaluation as evidence: what was measured, on what, under which conditions."""
+    import torch
+    import transformers
+
+    from drafter.fingerprint import records_digest, target_digest
+    from registry import store
+    from registry.evidence import EvidenceRecord
+
+    return EvidenceRecord(
+        model=mv.name if mv is not None else "",
+        version=str(mv.version) if mv is not None else "",
+        weights_sha256=store.weights_sha256(store.file_hashes(folder)),
+        profile=profile.name,
+        profile_digest=profile.digest,
+        profile_values=profile.values(),
+        draft_steps=k,
+        target=str(target),
+        target_digest=target_digest(target),
+        prompts=str(prompts_path),
+        prompts_digest=records_digest(records),
+        num_prompts=len(records),
+        temperature=temperature,
+        max_new_tokens=max_new,
+        engine="in-process",
+        engine_version=f"torch {torch.__version__}, transformers {transformers.__version__}",
+        per_prompt=online.per_prompt,
+    )
 
 
 def summary(name: str, profile: str, m: dict[str, float]) -> str:
@@ -173,6 +230,7 @@ def summary(name: str, profile: str, m: dict[str, float]) -> str:
         lines.append(
             f"  host: {m['host_tps_baseline']:.1f} -> {m['host_tps_spec']:.1f} tok/s "
             f"({m['host_speedup']:.2f}x)  cond_acc {m['cond_acc']:.3f}"
+            + (f"  (host profile projects {m['host_tps_projected']:.1f} tok/s)" if "host_tps_projected" in m else "")
         )
     if "sim_accept_len" in m:
         lines.append(f"  sim_accept_len (offline) {m['sim_accept_len']:.3f}")

@@ -163,7 +163,12 @@ def run(args: argparse.Namespace) -> int:
 
     from drafter.data import HiddenStateDataset, split_indices
     from drafter.train import TrainingDiverged, TrainingStopped, load_ds_config, scratch_drafter, train
+    from registry import naming
 
+    if none_if_empty(args.alias):  # checked before any work: a serving alias is promote's alone
+        naming.check_alias(args.alias)
+    if none_if_empty(args.name):
+        naming.check_name(args.name)
     n_trials = _int(args.n_trials, "n_trials")
     max_steps = _int(args.max_steps, "max_steps")
     seed = _int(args.seed, "seed", 0)

@@ -133,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
     from registry import audit, store
 
     allow_pickle = str(args.allow_pickle).lower() in ("1", "true", "yes")
+    if none_if_empty(args.name):
+        naming.check_name(args.name)
     folder, source_tag, commit = fetch(args.source, none_if_empty(args.revision))
     with tempfile.TemporaryDirectory() as tmp:
         pickles = [p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES]

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from drafter.errors import BadInput, GateRefused
+from drafter.errors import INTERNAL_ERROR, BadInput, DrafterOpsError, GateRefused
 from steps._cli import log_params, parser, run_step, step_run
 from steps.import_drafter import MINIWORLD
 
@@ -33,6 +33,15 @@ def build() -> argparse.ArgumentParser:
     return p
 
 
+class StepFailed(DrafterOpsError):
+    """A step exited with a code the pipeline did not expect: main passes on bad input (2) and treats
+    anything else (a crash, a kill) as an internal error (3)."""
+
+    def __init__(self, entry: str, code: int, run_id: str) -> None:
+        super().__init__(f"step {entry} failed with exit code {code} (run {run_id}); see its output above")
+        self.exit_code = code if code == 2 else INTERNAL_ERROR
+
+
 class Pipeline:
     """Runs entry points as nested `mlflow run`s, reusing finished ones with the same inputs."""
 
@@ -45,14 +54,28 @@ class Pipeline:
         blob = json.dumps({"entry": entry, "params": params}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
-    def finished(self, key: str):
+    def finished(self, key: str, ok_codes: tuple[int, ...]):
+        """The latest run of this step with these inputs that ended with an expected exit code. The
+        cache key is set only after the process exited with one; a crashed (3), refused-input (2) or
+        killed step has none, or a code not in ok_codes, and runs again."""
         runs = self.client.search_runs(
             [self.experiment_id],
             filter_string=f"tags.`drafterops.cache_key` = '{key}'",
             order_by=["attributes.start_time DESC"],
             max_results=1,
         )
-        return runs[0] if runs else None
+        if not runs or runs[0].info.status == "RUNNING":
+            return None
+        code = runs[0].data.tags.get("drafterops.exit_code")
+        return runs[0] if code is not None and int(code) in ok_codes else None
+
+    def exit_code(self, submitted: Any) -> int:
+        """The code the step recorded on its run; a step that recorded none crashed before it could, or
+        was killed (the launcher's own code says only 'failed')."""
+        recorded = self.client.get_run(submitted.run_id).data.tags.get("drafterops.exit_code")
+        if recorded is not None:
+            return int(recorded)
+        return 0 if submitted.get_status() == "FINISHED" else INTERNAL_ERROR
 
     def step(self, entry: str, params: dict[str, Any], ok_codes: tuple[int, ...] = (0,)) -> tuple[str, int]:
         """(child run id, exit code). A previous finished run with the same inputs is reused."""
@@ -60,9 +83,9 @@ class Pipeline:
 
         params = {k: str(v) for k, v in params.items()}
         key = self.key(entry, params)
-        done = self.finished(key)
+        done = self.finished(key, ok_codes)
         if done is not None:
-            code = int(done.data.tags.get("drafterops.exit_code", "0"))
+            code = int(done.data.tags["drafterops.exit_code"])
             self.log.append(f"{entry}: reused run {done.info.run_id[:8]} (exit {code})")
             print(f"main: {entry} already done with these inputs (run {done.info.run_id[:8]}), reused")
             return done.info.run_id, code
@@ -77,14 +100,12 @@ class Pipeline:
             synchronous=False,
         )
         submitted.wait()
-        proc = getattr(submitted, "command_proc", None)
-        code = proc.returncode if proc is not None else (0 if submitted.get_status() == "FINISHED" else 2)
+        code = self.exit_code(submitted)
         run_id = submitted.run_id
         seconds = time.perf_counter() - t0
         self.log.append(f"{entry}: run {run_id[:8]}, exit {code}, {seconds:.0f} s")
         if code not in ok_codes:
-            raise BadInput(f"step {entry} failed with exit code {code} (run {run_id}); see its output above")
-        self.client.set_tag(run_id, "drafterops.exit_code", str(code))
+            raise StepFailed(entry, code, run_id)
         self.client.set_tag(run_id, "drafterops.cache_key", key)
         return run_id, code
 
@@ -200,7 +221,9 @@ def _typed(value: str) -> Any:
 
 def version_from_run(c: Any, name: str, run_id: str) -> str:
     """The version a finetune run registered (its source tag names the run)."""
-    for mv in c.search_model_versions(f"name='{name}'"):
+    from registry import naming
+
+    for mv in c.search_model_versions(f"name={naming.quote_filter_value(name)}"):
         if mv.tags.get("source") == f"run:{run_id}":
             return str(mv.version)
     raise BadInput(f"finetune run {run_id} registered no version of {name}")

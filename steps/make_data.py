@@ -6,6 +6,7 @@ import argparse
 import time
 
 from drafter.capture import bytes_per_token, capture, plan_capture
+from drafter.data import preflight
 from drafter.errors import BadInput
 from drafter.prompts import file_digest, read_prompts
 from drafter.target import load_target
@@ -52,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         raise BadInput("give --drafter (its config names the aux layers) or --layers")
     records = read_prompts(args.prompts, args.limit or None)
+    preflight(args.out)
     target = load_target(args.target)
     target.check_layer_ids(layers)
     h = target.config.hidden_size

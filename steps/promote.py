@@ -13,7 +13,7 @@ def build() -> argparse.ArgumentParser:
     p = parser("promote", __doc__)
     p.add_argument("--model", default="models:/k2.5-mini-eagle3@candidate")
     p.add_argument("--profile", default="kimi-k2.5-8xrtxpro6000")
-    p.add_argument("--stage", default="production", choices=["staging", "production"])
+    p.add_argument("--stage", default="production", choices=["staging", "production"], help="staging or production")
     p.add_argument("--margin", default="0.0", help="production: how much worse than the incumbent is tolerated")
     return p
 
@@ -21,7 +21,7 @@ def build() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from mlflow.exceptions import MlflowException
 
-    from registry import audit, naming, policy, store
+    from registry import audit, evidence, naming, policy, store
 
     profile = load_profile(args.profile)
     try:
@@ -32,11 +32,15 @@ def run(args: argparse.Namespace) -> int:
     with store.registry_lock():
         mv = store.get_version(args.model, c)
         model_target = c.get_registered_model(mv.name).tags.get(naming.MODEL_TAG_TARGET)
-        candidate = policy.Evidence.from_tags(mv.version, mv.tags, profile.name)
+        if not model_target:
+            raise BadInput(f"registered model {mv.name!r} names no target (tag '{naming.MODEL_TAG_TARGET}')")
+        candidate = evidence.recompute(c, mv, profile, model_target)
         incumbent, note = None, ""
         try:
             cur = c.get_model_version_by_alias(mv.name, args.stage)
-            incumbent = policy.Evidence.from_tags(cur.version, cur.tags, profile.name)
+            incumbent = (
+                candidate if str(cur.version) == str(mv.version) else evidence.recompute(c, cur, profile, model_target)
+            )
         except MlflowException:
             if args.stage in c.get_registered_model(mv.name).aliases:
                 note = f"the {args.stage} alias pointed at a deleted version; treated as empty"
@@ -59,7 +63,14 @@ def run(args: argparse.Namespace) -> int:
 
             log_params({"model": args.model, "profile": profile.name, "stage": args.stage, "margin": margin})
             mlflow.log_text(text + "\n", "promotion.md")
-            mlflow.set_tags({"promotion": decision.summary()[:4000], "promotion.version": str(mv.version)})
+            mlflow.set_tags(
+                {
+                    "promotion": decision.summary()[:4000],
+                    "promotion.version": str(mv.version),
+                    "promotion.evidence_run": decision.evidence_run or "",
+                    "promotion.profile_digest": profile.digest[:16],
+                }
+            )
             reasons = {r.rule: {"ok": r.ok, "detail": r.detail} for r in decision.reasons}
             audit.record(
                 c,
@@ -68,12 +79,14 @@ def run(args: argparse.Namespace) -> int:
                 f"promote:{args.stage}:{'yes' if decision.allowed else 'no'}",
                 reasons,
                 profile=profile.name,
+                profile_digest=profile.digest[:16],
+                evidence_run=decision.evidence_run or "",
             )
             c.set_model_version_tag(
                 mv.name, mv.version, naming.TAG_PROMOTION, f"{decision.summary()} (profile {profile.name})"[:4000]
             )
             if decision.allowed:  # the alias moves last, after every check and record
-                audit.move_alias(c, mv.name, args.stage, mv.version, decision.summary())
+                audit.move_alias(c, mv.name, args.stage, mv.version, decision.summary(), by_promote=True)
     return 0 if decision.allowed else 1
 
 

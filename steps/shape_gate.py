@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from drafter.compat import Check, check_compat, compare_drafters, drafter_facts, passed, target_facts
+from drafter.compat import Check, check_compat, compare_drafters, drafter_facts, target_facts, verdict
 from steps._cli import log_params, none_if_empty, parser, run_step, step_run
 from steps.import_drafter import MINIWORLD
 
@@ -46,11 +46,8 @@ def facts_for(ref: str):
     return drafter_facts(ref), None
 
 
-def section(target: str, ok: bool, md: str) -> str:
-    return (
-        f"<!-- shape_gate:{target} -->\n## Shape gate vs `{target}`: {'passed' if ok else 'FAILED'}\n\n{md}\n"
-        f"<!-- /shape_gate:{target} -->"
-    )
+def section(target: str, result: str, md: str) -> str:
+    return f"<!-- shape_gate:{target} -->\n## Shape gate vs `{target}`: {result}\n\n{md}\n<!-- /shape_gate:{target} -->"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,9 +57,9 @@ def run(args: argparse.Namespace) -> int:
     facts, mv = facts_for(args.model)
     tfacts = target_facts(args.target)
     checks = check_compat(facts, tfacts)
-    ok = passed(checks)
+    result = verdict(checks)
+    ok = result != "failed"
     md = table(checks)
-    verdict = "passed" if ok else "failed"
     out = [f"shape_gate: {facts.source} vs target {tfacts.source}", "", md]
     reference = none_if_empty(args.reference)
     cmp_md = None
@@ -71,7 +68,11 @@ def run(args: argparse.Namespace) -> int:
         cmp_md = comparison_table(compare_drafters(ref_facts.header, facts.header), reference, args.model)
         out += ["", f"side by side: {reference} vs {args.model}", "", cmp_md]
     failed = [c.name for c in checks if c.ok is False]
-    out += ["", f"shape_gate: {verdict.upper()}" + (f" ({', '.join(failed)})" if failed else "")]
+    unproven = [c.name for c in checks if c.ok is None and not c.informational]
+    detail = failed or unproven
+    out += ["", f"shape_gate: {result.upper()}" + (f" ({', '.join(detail)})" if detail else "")]
+    if unproven and ok:
+        out.append("shape_gate: some checks could not be made; production needs a gate against the target's weights")
     print("\n".join(out))
     with step_run("shape_gate"):
         log_params({"model": args.model, "target": args.target, "reference": reference or ""})
@@ -80,15 +81,15 @@ def run(args: argparse.Namespace) -> int:
             artifact_file="shape_gate.json",
         )
         mlflow.log_text(md + ("\n\n" + cmp_md if cmp_md else "") + "\n", "shape_gate.md")
-        mlflow.set_tags({"shape_gate": verdict, "shape_gate.target": args.target})
+        mlflow.set_tags({"shape_gate": result, "shape_gate.target": args.target})
         if mv is not None:
             from registry import audit, naming, store
 
             c = store.client()
-            c.set_model_version_tag(mv.name, mv.version, naming.TAG_GATE, verdict)
+            c.set_model_version_tag(mv.name, mv.version, naming.TAG_GATE, result)
             c.set_model_version_tag(mv.name, mv.version, naming.TAG_GATE_TARGET, str(args.target))
             desc = mv.description or ""
-            block = section(str(args.target), ok, md)
+            block = section(str(args.target), result, md)
             pattern = re.compile(
                 rf"<!-- shape_gate:{re.escape(str(args.target))} -->.*?<!-- /shape_gate:"
                 rf"{re.escape(str(args.target))} -->",
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             )
             desc = pattern.sub(lambda _: block, desc) if pattern.search(desc) else f"{desc}\n\n{block}".strip()
             c.update_model_version(mv.name, mv.version, description=desc)
-            audit.record(c, mv.name, mv.version, f"shape_gate:{verdict}", md, target=str(args.target))
+            audit.record(c, mv.name, mv.version, f"shape_gate:{result}", md, target=str(args.target))
     return 0 if ok else 1
 
 

@@ -13,7 +13,7 @@ from drafter.config import DrafterConfig
 from drafter.model import Eagle3Drafter
 from drafter.vocab import build_vocab_maps
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
+REFERENCE = Path(__file__).resolve().parents[1] / "configs" / "reference"
 
 
 def tiny_config(**overrides) -> DrafterConfig:
@@ -56,7 +56,7 @@ def drafter_factory():
 
 
 def k2_drafter_tensors() -> dict[str, tuple[str, list[int]]]:
-    """The real AQ-MedAI Kimi-K2 drafter's tensors (../shared/reference), without embed_tokens."""
+    """The real AQ-MedAI Kimi-K2 drafter's tensors (configs/reference), without embed_tokens."""
     m = "midlayer."
     return {
         "fc.weight": ("BF16", [7168, 21504]),
@@ -110,6 +110,7 @@ def tiny_targets(tmp_path_factory):
     model = DeepseekV3ForCausalLM(deepseek_config(len(tok), hidden_size=32, layers=4)).eval()
     with torch.no_grad():  # a random LM predicts near-uniformly; a sharper head gives drafters something to learn
         model.lm_head.weight.mul_(40.0)
+    model = model.to(torch.bfloat16)  # stored as real targets are (the drafter shares its bf16 embedding)
     flat = root / "k2-tiny"
     model.save_pretrained(flat)
     tok.save_pretrained(flat)

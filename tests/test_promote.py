@@ -29,6 +29,7 @@ def ev(version="2", gate="passed", target="t", L=3.0, lo=2.8, be=2.46):
         (ev(L=2.9), ev(version="1", L=3.0), False, ["not worse than production"]),
         (ev(L=2.9), Evidence("1", "passed", "t"), True, []),  # incumbent never evaluated here
         (ev(version="1"), ev(version="1"), True, []),
+        (ev(gate="passed-config-only"), None, False, ["shape_gate"]),  # production needs the weights checked
     ],
 )
 def test_production_rules(candidate, incumbent, allowed, failing):
@@ -42,23 +43,40 @@ def test_margin_and_staging_rules():
     assert decide(ev(L=2.5, lo=2.0), "staging", "t").allowed  # staging needs the mean above break-even only
     assert not decide(ev(L=2.46, lo=2.0), "staging", "t").allowed
     assert not decide(ev(gate="failed"), "staging", "t").allowed
+    assert decide(ev(gate="passed-config-only"), "staging", "t").allowed
     with pytest.raises(ValueError):
         decide(ev(), "archived", "t")
 
 
+MANY = [
+    {"text": f"Prompt {i}: " + PROMPTS[i % len(PROMPTS)].get("text", "def add(a, b): return a + b")} for i in range(20)
+]
+LENIENT = "name: lenient\nbaseline_tps: 10\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\n"  # break-even 0.3
+
+
+def evaluate(tmp, uri, target, profile, *extra):
+    res = run_step(
+        "evaluate",
+        ["--model", uri, "--target", str(target), "--prompts", str(tmp / "many.jsonl"), "--profile", str(profile)]
+        + ["--max_new_tokens", "8", "--no-progress", *extra],
+        tmp,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res
+
+
 @pytest.fixture(scope="module")
 def evaluated(tiny_targets, tmp_path_factory):
-    """Two registered tiny drafters, gated and really evaluated on the seed profile and on a slow one."""
+    """Two registered tiny drafters, gated; v1 really evaluated on 20 prompts under the seed profile and
+    under a lenient one whose break-even any drafter beats (the positive control)."""
     from drafter.checkpoint import save_drafter
     from tests.conftest import tiny_drafter
 
     tmp = tmp_path_factory.mktemp("promote")
     _, wrapped = tiny_targets
     vocab = json.loads((wrapped / "config.json").read_text())["text_config"]["vocab_size"]
-    (tmp / "slow.yaml").write_text(
-        "name: slow-target\nbaseline_tps: 10\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\n"
-    )
-    prompts = write_prompts(tmp / "p.jsonl", PROMPTS[:2])
+    (tmp / "lenient.yaml").write_text(LENIENT)
+    write_prompts(tmp / "many.jsonl", MANY)
     for seed in (1, 2):
         save_drafter(
             tiny_drafter(seed=seed, vocab_size=vocab, draft_vocab_size=128, aux_layer_ids=[0, 1, 2]),
@@ -71,25 +89,8 @@ def evaluated(tiny_targets, tmp_path_factory):
         )
         uri = f"models:/k25-tiny-eagle3/{seed}"
         assert run_step("shape_gate", ["--model", uri, "--target", str(wrapped)], tmp).returncode == 0
-        for profile in ("kimi-k2.5-8xrtxpro6000", str(tmp / "slow.yaml")):
-            res = run_step(
-                "evaluate",
-                [
-                    "--model",
-                    uri,
-                    "--target",
-                    str(wrapped),
-                    "--prompts",
-                    str(prompts),
-                    "--profile",
-                    profile,
-                    "--max_new_tokens",
-                    "8",
-                    "--no-progress",
-                ],
-                tmp,
-            )
-            assert res.returncode == 0, res.stderr[-2000:]
+    for profile in ("kimi-k2.5-8xrtxpro6000", tmp / "lenient.yaml"):
+        evaluate(tmp, "models:/k25-tiny-eagle3/1", wrapped, profile)
     return tmp
 
 
@@ -101,21 +102,104 @@ def test_refused_below_break_even_and_promoted_above(evaluated):
     assert "| ci_low beats break-even | NO |" in refused.stdout
     assert "production" not in c.get_registered_model("k25-tiny-eagle3").aliases
     assert c.get_model_version("k25-tiny-eagle3", "1").tags["promotion"].startswith("refused to production")
-    ok = run_step("promote", ["--model", "models:/k25-tiny-eagle3/1", "--profile", str(tmp / "slow.yaml")], tmp)
+    ok = run_step("promote", ["--model", "models:/k25-tiny-eagle3/1", "--profile", str(tmp / "lenient.yaml")], tmp)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     mv = c.get_model_version_by_alias("k25-tiny-eagle3", "production")
     assert str(mv.version) == "1" and mv.current_stage == "Production"
+    # the decision names the evaluation it used, and that run is a finished evaluate run of v1
+    used = c.search_runs(
+        [c.get_experiment_by_name("drafterops-audit").experiment_id],
+        filter_string="tags.decision = 'promote:production:yes'",
+    )[0].data.tags["evidence_run"]
+    assert c.get_run(used).data.tags["drafterops.evidence"] == "k25-tiny-eagle3/1"
+    assert used in ok.stdout
     never = run_step("promote", ["--model", "models:/k25-tiny-eagle3/1", "--profile", "nope"], tmp)
     assert never.returncode == 2 and "unknown profile" in never.stderr
 
 
-def test_two_promotions_racing_end_consistent(evaluated):
+def test_every_way_around_the_gate_is_refused(evaluated, tiny_targets):
+    """The ways found by trying, each on v2 (which would pass the lenient profile if evaluated right),
+    then the real evaluation as the positive control."""
     tmp = evaluated
+    flat, wrapped = tiny_targets
+    name, uri = "k25-tiny-eagle3", "models:/k25-tiny-eagle3/2"
+    c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    lenient = str(tmp / "lenient.yaml")
+
+    def promote(profile=lenient, stage="production"):
+        return run_step("promote", ["--model", uri, "--profile", profile, "--stage", stage], tmp)
+
+    def holders():
+        aliases = c.get_registered_model(name).aliases
+        return {a: aliases.get(a) for a in ("staging", "production")}
+
+    before = holders()
+    # 1. a step other than promote asked for a serving alias
+    res = run_step("finetune", ["--init", uri, "--data", str(tmp / "nowhere"), "--alias", "production"], tmp)
+    assert res.returncode == 2 and "move only through `promote`" in res.stderr
+    # 2. a profile file that borrows the real profile's name with other figures (break-even 0.03)
+    (tmp / "fake.yaml").write_text(LENIENT.replace("lenient", "kimi-k2.5-8xrtxpro6000").replace("10", "1"))
+    evaluate(tmp, uri, wrapped, tmp / "fake.yaml")
+    res = promote("kimi-k2.5-8xrtxpro6000")
+    assert res.returncode == 1 and "other profile values" in res.stdout, res.stdout
+    # 3. a deeper draft than the profile's raises accept_len at the same break-even
+    evaluate(tmp, uri, wrapped, lenient, "--draft_steps", "4")
+    res = promote()
+    assert res.returncode == 1 and "4 draft steps, the profile uses 2" in res.stdout, res.stdout
+    # 4. evaluated against another target (the K2-style one)
+    evaluate(tmp, uri, flat, lenient)
+    res = promote()
+    assert res.returncode == 1 and "another target" in res.stdout, res.stdout
+    # 5. one prompt: an interval of one point
+    evaluate(tmp, uri, wrapped, lenient, "--limit", "1")
+    res = promote()
+    assert res.returncode == 1 and "1 prompts, the profile needs 20" in res.stdout, res.stdout
+    # 6. tags written by hand are not evidence
+    for key, value in {"accept_len": "9.9", "accept_len_ci_low": "9.0", "break_even": "0.1"}.items():
+        c.set_model_version_tag(name, "2", f"eval.lenient.{key}", value)
+    c.set_model_version_tag(name, "2", "shape_gate", "passed")
+    res = promote()
+    assert res.returncode == 1, res.stdout
+    res = promote(stage="staging")
+    assert res.returncode == 1, res.stdout
+    assert holders() == before
+    # positive control: the same version, really evaluated under the profile's conditions
+    evaluate(tmp, uri, wrapped, lenient)
+    res = promote(stage="staging")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert str(c.get_model_version_by_alias(name, "staging").version) == "2"
+
+
+def test_the_gate_is_recomputed_not_read_from_a_tag(tiny_targets, tmp_path):
+    """A drafter whose vocabulary does not fit the target, with a forged `shape_gate=passed` tag."""
+    from drafter.checkpoint import save_drafter
+    from tests.conftest import tiny_drafter
+
+    _, wrapped = tiny_targets
+    (tmp_path / "lenient.yaml").write_text(LENIENT)
+    save_drafter(tiny_drafter(seed=3, vocab_size=64, draft_vocab_size=32), tmp_path / "d", include_embedding=False)
+    assert (
+        run_step("import_drafter", ["--source", str(tmp_path / "d"), "--target", str(wrapped)], tmp_path).returncode
+        == 0
+    )
+    c = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    c.set_model_version_tag("k25-tiny-eagle3", "1", "shape_gate", "passed")
+    res = run_step(
+        "promote",
+        ["--model", "models:/k25-tiny-eagle3/1", "--profile", str(tmp_path / "lenient.yaml"), "--stage", "staging"],
+        tmp_path,
+    )
+    assert res.returncode == 1 and "| shape_gate | NO | shape gate failed |" in res.stdout, res.stdout
+
+
+def test_two_promotions_racing_end_consistent(evaluated, tiny_targets):
+    tmp = evaluated
+    evaluate(tmp, "models:/k25-tiny-eagle3/2", tiny_targets[1], tmp / "lenient.yaml")
     c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
     procs = [
         run_step(
             "promote",
-            ["--model", f"models:/k25-tiny-eagle3/{v}", "--profile", str(tmp / "slow.yaml"), "--margin", "10"],
+            ["--model", f"models:/k25-tiny-eagle3/{v}", "--profile", str(tmp / "lenient.yaml"), "--margin", "10"],
             tmp,
             wait=False,
         )
@@ -141,7 +225,7 @@ def test_production_alias_on_a_deleted_version_is_handled(evaluated):
     c.delete_model_version("k25-tiny-eagle3", "2")
     res = run_step(
         "promote",
-        ["--model", "models:/k25-tiny-eagle3/1", "--profile", str(tmp / "slow.yaml"), "--stage", "staging"],
+        ["--model", "models:/k25-tiny-eagle3/1", "--profile", str(tmp / "lenient.yaml"), "--stage", "staging"],
         tmp,
     )
     assert res.returncode == 0, res.stdout + res.stderr
