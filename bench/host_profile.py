@@ -57,7 +57,7 @@ def main() -> None:
         "measured": {
             "date": time.strftime("%Y-%m-%d"),
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-            "torch": torch.__version__,
+            "torch": str(torch.__version__),
             "threads": torch.get_num_threads(),
         },
     }

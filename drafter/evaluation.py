@@ -24,12 +24,11 @@ from drafter.target import Target
 
 @dataclass
 class OnlineResult:
-    """A decoding trace over prompts. accept_len is pooled over cycles: tokens the verify cycles put
-    into the output (up to EOS or the token budget) / verify cycles, as serving engines count it."""
+    """A decoding trace over prompts, each stopped after the cycle where EOS landed. accept_len is
+    pooled over verify cycles: sum of (accepted drafts + 1) / cycles, as serving engines count it."""
 
     k: int
-    accepted: list[list[int]]  # per prompt, drafts accepted per cycle (up to the stop)
-    emitted: list[list[int]]  # per prompt, tokens each cycle put into the output
+    accepted: list[list[int]]  # per prompt, drafts accepted per verify cycle
     baseline_tokens: int
     baseline_seconds: float  # decode only (prefill excluded), the steady state a profile models
     spec_tokens: int
@@ -53,21 +52,20 @@ class OnlineResult:
 
     @property
     def per_prompt(self) -> list[tuple[int, int]]:
-        """(tokens emitted by cycles, cycles) per prompt: all that accept_len and its CI depend on."""
-        return [(sum(e), len(e)) for e in self.emitted]
+        """(tokens the verify cycles yielded, cycles) per prompt: all that accept_len and its CI need."""
+        return [(sum(n + 1 for n in a), len(a)) for a in self.accepted]
 
     def accept_len_ci(self, iters: int = 2000, seed: int = 0) -> tuple[float, float]:
         return bootstrap_ci(self.per_prompt, iters, seed)
 
     @property
     def acc_pos(self) -> list[float]:
-        """Conditional acceptance at draft position i: P(accepted > i | position i was judged). A cycle
-        that stopped on an accepted draft (EOS, token budget) judged no position after it."""
-        pairs = [(n, e) for a, em in zip(self.accepted, self.emitted, strict=True) for n, e in zip(a, em, strict=True)]
+        """Conditional acceptance at draft position i: P(accepted > i | accepted >= i)."""
+        flat = [n for a in self.accepted for n in a]
         out = []
         for i in range(self.k):
-            judged = sum(1 for n, e in pairs if n > i or (n == i and e > n))
-            out.append(sum(1 for n, _ in pairs if n > i) / judged if judged else 0.0)
+            reached = sum(1 for n in flat if n >= i)
+            out.append(sum(1 for n in flat if n > i) / reached if reached else 0.0)
         return out
 
     @property
@@ -105,9 +103,13 @@ class OnlineResult:
             "num_prompts": float(self.num_prompts),
         }
         if host is not None:  # this host's profile projects what was just measured: do they agree?
-            host_k = host.with_draft_steps(self.k)
-            out["host_tps_projected"] = projected_tps(L, host_k)
-            out["host_projection_error"] = out["host_tps_projected"] / max(self.host_tps_spec, 1e-9) - 1
+            # compared as speed-ups (the cost model's cycle/plain-step ratio): a busier or quieter
+            # machine moves plain and speculative tok/s together and says nothing about the model
+            projected = projected_tps(L, host.with_draft_steps(self.k))
+            out["host_tps_projected"] = projected * self.host_tps_baseline / host.baseline_tps
+            out["host_speedup_projected"] = projected / host.baseline_tps
+            out["host_projection_error"] = out["host_speedup_projected"] / max(out["host_speedup"], 1e-9) - 1
+            out["host_baseline_drift"] = self.host_tps_baseline / host.baseline_tps - 1
         return out
 
 
@@ -174,7 +176,7 @@ def evaluate_online(
         if "<|im_end|>" in target.tokenizer.get_vocab()
         else target.tokenizer.eos_token_id
     )
-    accepted, emitted, mismatches, truncated = [], [], 0, 0
+    accepted, mismatches, truncated = [], 0, 0
     base_tok = spec_tok = 0
     base_s = spec_s = verify_s = draft_s = 0.0
     for i, rec in enumerate(tqdm(records, desc="evaluate", unit="prompt", disable=not progress)):
@@ -187,14 +189,11 @@ def evaluate_online(
         if temperature <= 0 and spec.tokens != base.tokens:
             mismatches += 1
         accepted.append(spec.accepted)
-        emitted.append(spec.emitted)
         # decode-only throughput: the first token comes from the prefill, not from a cycle
         base_tok, base_s = base_tok + len(base.tokens) - 1, base_s + base.seconds - base.prefill_seconds
         spec_tok, spec_s = spec_tok + len(spec.tokens) - 1, spec_s + spec.seconds - spec.prefill_seconds
         verify_s, draft_s = verify_s + spec.verify_seconds, draft_s + spec.draft_seconds
-    return OnlineResult(
-        k, accepted, emitted, base_tok, base_s, spec_tok, spec_s, verify_s, draft_s, mismatches, truncated
-    )
+    return OnlineResult(k, accepted, base_tok, base_s, spec_tok, spec_s, verify_s, draft_s, mismatches, truncated)
 
 
 def acceptance_figure(offline: list[float] | None, online: list[float], title: str):

@@ -6,10 +6,11 @@ the bonus token when all k were accepted) is kept, both caches are cropped, and 
 Greedy mode reproduces the target's greedy output token for token; sampling mode uses the standard
 lossless rule (accept d with probability min(1, p(d)/q(d)), else sample from max(0, p - q)).
 
-Decoding stops at the end-of-sequence token wherever it lands in a cycle (an accepted draft, the
-correction or the bonus token) and at `max_new_tokens`. Each cycle records the drafts it accepted and
-the tokens it put into the output, counted up to that stop, as serving engines count them; so
-accept_len = tokens emitted by verify cycles / verify cycles (the prefill's first token is no cycle's).
+Decoding stops after the cycle in which the end-of-sequence token lands, wherever it lands (an
+accepted draft, the correction or the bonus token), or the token budget is reached: no cycle runs
+after it, and the output is cut at EOS. Each cycle that ran is counted whole, as serving engines count
+it (vLLM: 1 + accepted / drafts; SGLang: tokens / verify count), so accept_len = mean over verify
+cycles of (accepted drafts + 1). The prefill's first token is no cycle's.
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ from drafter.target import Target
 @dataclass
 class DecodeResult:
     tokens: list[int]  # generated tokens (prompt excluded)
-    accepted: list[int] = field(default_factory=list)  # drafts accepted per verify cycle (0..k), up to the stop
-    emitted: list[int] = field(default_factory=list)  # tokens each verify cycle put into the output
+    accepted: list[int] = field(default_factory=list)  # drafts accepted per verify cycle (0..k)
     seconds: float = 0.0
     prefill_seconds: float = 0.0  # the prompt's forward and the first token: no cycle's work
     target_forwards: int = 0
@@ -99,10 +99,9 @@ def speculative_generate(
         result.target_forwards += 1
         logits = verify.logits[0]  # row i predicts the token after position n_ctx + i
         n, new = _accept(logits, drafts, q, temperature, generator)
+        result.accepted.append(n)
         emitted = [*drafts[:n].tolist(), new]
         kept = _until_stop(emitted, eos_token_id, max_new_tokens - len(tokens))
-        result.accepted.append(min(n, len(kept)))
-        result.emitted.append(len(kept))
         tokens += kept
         if len(kept) < len(emitted) or kept[-1] == eos_token_id:
             break
@@ -118,7 +117,8 @@ def speculative_generate(
 
 
 def _until_stop(emitted: list[int], eos_token_id: int | None, room: int) -> list[int]:
-    """The part of one cycle's tokens that reaches the output: up to and including EOS, within room."""
+    """The part of one cycle's tokens that reaches the output: up to and including EOS, within room
+    (the rest is dropped, and decoding stops)."""
     if eos_token_id is not None and eos_token_id in emitted:
         emitted = emitted[: emitted.index(eos_token_id) + 1]
     return emitted[: max(room, 0)]

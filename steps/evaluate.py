@@ -110,12 +110,10 @@ def run(args: argparse.Namespace) -> int:
         metrics.update(online.metrics(profile, host))
         if host is not None and abs(metrics["host_projection_error"]) > STALE:
             print(
-                f"evaluate: warning: profile 'host' projects {metrics['host_tps_projected']:.1f} tok/s here, "
-                f"measured {metrics['host_tps_spec']:.1f} ({100 * metrics['host_projection_error']:+.0f}%): "
+                f"evaluate: warning: profile 'host' projects a {metrics['host_speedup_projected']:.2f}x speed-up "
+                f"here, measured {metrics['host_speedup']:.2f}x ({100 * metrics['host_projection_error']:+.0f}%): "
                 "the profile is stale; rerun `python -m bench.host_profile`"
             )
-        if online.truncated:
-            print(f"evaluate: warning: {online.truncated} prompts were cut from the left to fit the target context")
     metrics["break_even_accept_len"] = break_even_accept_len(profile)
     name = f"{mv.name}/v{mv.version}" if mv is not None else Path(folder).name
     with step_run("evaluate"):
@@ -230,7 +228,12 @@ def summary(name: str, profile: str, m: dict[str, float]) -> str:
         lines.append(
             f"  host: {m['host_tps_baseline']:.1f} -> {m['host_tps_spec']:.1f} tok/s "
             f"({m['host_speedup']:.2f}x)  cond_acc {m['cond_acc']:.3f}"
-            + (f"  (host profile projects {m['host_tps_projected']:.1f} tok/s)" if "host_tps_projected" in m else "")
+            + (
+                f"  (host profile projects {m['host_tps_projected']:.1f} tok/s, "
+                f"speed-up {100 * m['host_projection_error']:+.1f}%)"
+                if "host_tps_projected" in m
+                else ""
+            )
         )
     if "sim_accept_len" in m:
         lines.append(f"  sim_accept_len (offline) {m['sim_accept_len']:.3f}")

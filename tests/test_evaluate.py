@@ -15,8 +15,6 @@ def test_online_result_statistics():
     r = OnlineResult(
         k=3,
         accepted=[[3, 3, 1], [0, 2]],
-        # the last cycle stopped on its second draft, the end-of-sequence token: 2 tokens, no rejection
-        emitted=[[4, 4, 2], [1, 2]],
         baseline_tokens=40,
         baseline_seconds=2.0,
         spec_tokens=40,
@@ -24,10 +22,9 @@ def test_online_result_statistics():
         verify_seconds=0.5,
         draft_seconds=0.3,
     )
-    assert r.cycles == 5 and r.accept_len == pytest.approx((4 + 4 + 2 + 1 + 2) / 5)
-    # position 0: 4 of 5 cycles accepted it; position 1: 3 of 4; position 2: 2 of 2 (the stopped cycle
-    # never had its position 2 judged)
-    assert r.acc_pos == pytest.approx([4 / 5, 3 / 4, 2 / 2])
+    assert r.cycles == 5 and r.accept_len == pytest.approx((4 + 4 + 2 + 1 + 3) / 5)
+    # position 0: 4 of 5 cycles accepted it; position 1: 3 of 4; position 2: 2 of 3
+    assert r.acc_pos == pytest.approx([4 / 5, 3 / 4, 2 / 3])
     lo, hi = r.accept_len_ci()
     assert lo <= r.accept_len <= hi
     assert r.host_tps_spec / r.host_tps_baseline == pytest.approx(2.0)

@@ -78,7 +78,7 @@ def test_make_data_out_is_a_file_and_corrupt_index(tiny_targets, tmp_path):
     assert sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir()) == before
 
 
-@pytest.mark.parametrize("name", ["a/b", "..", "x..y", "it's", 'quo"te', "new\nline", "-dash"])
+@pytest.mark.parametrize("name", ["a/b", "..", "it's", "new\nline"])
 def test_names_that_would_break_filters_or_paths(drafter_dir, tiny_targets, tmp_path, name):
     res = run_step(
         "import_drafter", ["--source", str(drafter_dir), "--target", str(tiny_targets[1]), f"--name={name}"], tmp_path
@@ -186,7 +186,8 @@ def test_main_runs_a_crashed_step_again(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------- faults
-MOMENTS = ["capture:after_partial", "capture:after_head", "capture:sample_3", "capture:shard_1", "capture:before_index"]
+# before the first shard (only the head file written), mid-buffer after a shard, before publishing
+MOMENTS = ["capture:after_head", "capture:sample_5", "capture:before_index"]
 
 
 @pytest.fixture(scope="module")

@@ -89,6 +89,24 @@ def test_perfect_and_hopeless_drafters(target, mode, expected):
     assert sum(lens) / len(lens) == expected
 
 
+def test_decoding_stops_in_the_cycle_where_eos_lands(target):
+    """EOS arriving as an accepted draft mid-cycle ends decoding there: no cycle runs after it (each
+    would add ~1 token per cycle to the count), the output ends at EOS, and the cycle counts whole."""
+    real = _drafter(target)
+    prompt = prompts(1, seed=4)[0]
+    plain = target_generate(target, prompt, 40).tokens
+    # an end-of-sequence token that first appears mid-output, not on a cycle boundary (4 tokens a cycle)
+    i = next(j for j in range(5, 40) if plain[j] not in plain[:j] and j % 4 != 0)
+    eos = plain[i]
+    d = ScriptedDrafter(real, target, "oracle")
+    d.start(prompt)
+    res = speculative_generate(target, d, prompt, 40, k=3, eos_token_id=eos)
+    assert res.tokens == plain[: i + 1] == target_generate(target, prompt, 40, eos_token_id=eos).tokens
+    assert res.cycles == math.ceil(i / 4) and all(a == 3 for a in res.accepted)
+    budget = speculative_generate(target, real, prompt, 10, k=3)  # the token budget stops it too
+    assert len(budget.tokens) == 10 and sum(a + 1 for a in budget.accepted[:-1]) < 9
+
+
 def test_lossless_rejection_sampling_matches_the_target_distribution():
     """Tiny vocabulary, many trials: the first emitted token is distributed as p, not as q."""
     p = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05])
