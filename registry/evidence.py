@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from drafter.cost import Profile
+from drafter.cost import Profile, break_even_accept_len
 from drafter.evaluation import bootstrap_ci, pooled_accept_len
 from registry.policy import Evidence
 
@@ -57,7 +57,11 @@ class EvidenceRecord:
         return bootstrap_ci(self.per_prompt)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True)
+        """The record, plus the figures derived from it for a reader (a decision recomputes them)."""
+        lo, hi = self.ci()
+        figures = {"accept_len": self.accept_len, "accept_len_ci_low": lo, "accept_len_ci_high": hi}
+        figures["break_even_accept_len"] = break_even_accept_len(Profile(**self.profile_values))
+        return json.dumps({**asdict(self), "figures": figures}, indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str, run_id: str) -> EvidenceRecord:
@@ -139,7 +143,6 @@ def recompute(c: Any, mv: Any, profile: Profile, model_target: str) -> Evidence:
     target's identity, and the least favourable evaluation record whose conditions match (so that no
     lucky run can be picked out of several). Tags are never read."""
     from drafter.compat import check_compat, drafter_facts, target_facts, verdict
-    from drafter.cost import break_even_accept_len
     from drafter.fingerprint import target_digest
     from registry import store
 

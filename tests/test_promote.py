@@ -228,3 +228,31 @@ def test_production_alias_on_a_deleted_version_is_handled(evaluated):
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert str(c.get_model_version_by_alias("k25-tiny-eagle3", "staging").version) == "1"
+
+
+def test_evidence_matching_is_by_values_not_names():
+    from drafter.cost import load_profile
+    from registry.evidence import EvidenceRecord, mismatches
+
+    real = load_profile("kimi-k2.5-8xrtxpro6000")
+    fake = type(real)(**{**real.values(), "baseline_tps": 1.0})  # the same name, other figures
+
+    def record(profile=real, **kw):
+        base = dict(draft_steps=2, target_digest="T", num_prompts=20, weights_sha256="W", engine="in-process")
+        base.update(kw)
+        return EvidenceRecord(
+            "m", "1", profile=profile.name, profile_digest=profile.digest, profile_values=profile.values(),
+            target="t", prompts="p", prompts_digest="P", temperature=0.0, max_new_tokens=64, engine_version="x",
+            per_prompt=[(30, 20)] * base.pop("num_prompts"), num_prompts=20, **base,
+        )  # fmt: skip
+
+    assert mismatches(record(), real, "T", "W") == []
+    assert fake.name == real.name and fake.digest != real.digest
+    assert "other profile values" in mismatches(record(fake), real, "T", "W")[0]
+    assert "draft steps" in mismatches(record(draft_steps=3), real, "T", "W")[0]
+    assert "another target" in mismatches(record(target_digest="K2"), real, "T", "W")[0]
+    assert "other weights" in mismatches(record(weights_sha256="X"), real, "T", "W")[0]
+    assert "cannot prove" in mismatches(record(engine="endpoint:http://x"), real, "T", "W")[0]
+    few = record()
+    few.num_prompts = 5
+    assert "5 prompts, the profile needs 20" in mismatches(few, real, "T", "W")[0]

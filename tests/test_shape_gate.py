@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench.sparse import k2_vocab_maps, write_sparse_safetensors
-from drafter.compat import check_compat, compare_drafters, drafter_facts, passed, target_facts
+from drafter.compat import check_compat, compare_drafters, drafter_facts, passed, target_facts, verdict
 from drafter.errors import BadInput
 from tests.conftest import REFERENCE, k2_drafter_tensors
 
@@ -52,7 +52,7 @@ def failing(checks):
 
 def test_real_k2_drafter_fits_real_k25(k2_sparse_drafter, tmp_path):
     checks = check_compat(drafter_facts(k2_sparse_drafter), target_facts(k25_target(tmp_path)))
-    assert failing(checks) == [] and passed(checks)
+    assert failing(checks) == [] and passed(checks) and verdict(checks) == "passed"
     emb = next(c for c in checks if c.name == "embed_tokens (from target)")
     assert emb.ok is True and "language_model.model.embed_tokens.weight" in emb.note
     assert next(c for c in checks if c.name == "d2t/t2d consistent").ok is True
@@ -60,8 +60,31 @@ def test_real_k2_drafter_fits_real_k25(k2_sparse_drafter, tmp_path):
 
 def test_config_only_target_leaves_weight_checks_unchecked(k2_sparse_drafter, tmp_path):
     checks = check_compat(drafter_facts(k2_sparse_drafter), target_facts(k25_target(tmp_path, weights=False)))
-    assert passed(checks)
+    assert passed(checks) and verdict(checks) == "passed-config-only"  # "not checked" is never a pass
     assert next(c for c in checks if c.name == "embed_tokens (from target)").ok is None
+
+
+@pytest.mark.parametrize(
+    "embedding, why",
+    [
+        (None, "MISSING"),  # the weights are known, the embedding is not under the expected name
+        (("F32", [163840, 7168]), "F32"),
+        (("BF16", [163840, 4096]), "4096"),
+    ],
+)
+def test_a_known_target_whose_embedding_is_missing_or_wrong_fails(k2_sparse_drafter, tmp_path, embedding, why):
+    folder = tmp_path / "target"
+    folder.mkdir()
+    (folder / "config.json").write_text((REFERENCE / "kimi-k2.5.config.json").read_text())
+    tensors = {"language_model.lm_head.weight": ("BF16", [163840, 7168])}
+    if embedding is None:
+        tensors["language_model.model.embed_tokens_renamed.weight"] = ("BF16", [163840, 7168])
+    else:
+        tensors["language_model.model.embed_tokens.weight"] = embedding
+    write_sparse_safetensors(folder / "model.safetensors", tensors)
+    checks = check_compat(drafter_facts(k2_sparse_drafter), target_facts(folder))
+    emb = next(c for c in checks if c.name == "embed_tokens (from target)")
+    assert emb.ok is False and why in emb.actual and verdict(checks) == "failed"
 
 
 def test_deepseek_v3_vocab_fails_on_t2d_and_vocab(k2_sparse_drafter, tmp_path):
