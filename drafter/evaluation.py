@@ -235,3 +235,27 @@ def break_even_figure(accept_len: float, ci: tuple[float, float], break_even: fl
     ax.legend(loc="lower right")
     fig.tight_layout()
     return fig
+
+
+def drafters_figure(rows: list[tuple[str, float, float, float]], break_even: float, k: int, title: str):
+    """Every drafter's accept_len with its 95% interval, side by side against break-even and k + 1."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    labels = [r[0] for r in rows]
+    means = [r[1] for r in rows]
+    err = [[r[1] - r[2] for r in rows], [r[3] - r[1] for r in rows]]
+    colors = ["tab:green" if r[2] > break_even else ("tab:orange" if r[1] > break_even else "tab:red") for r in rows]
+    ax.bar(labels, means, yerr=err, color=colors, capsize=8, label="accept_len (95% CI)")
+    ax.axhline(break_even, color="black", linestyle="--", label=f"break-even {break_even:.2f}")
+    ax.axhline(k + 1, color="grey", linestyle=":", label=f"ceiling k+1 = {k + 1}")
+    ax.set_ylim(0, k + 1.6)
+    ax.set_ylabel("accept_len (tokens per verify cycle)")
+    ax.set_xlabel("drafter")
+    ax.set_title(title)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig

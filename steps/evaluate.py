@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
             record.sim_accept_len = metrics.get("sim_accept_len")
             evidence.log_record(record)
         if mv is not None and online is not None:
-            from registry import naming, store
+            from registry import describe, naming, store
 
             c = store.client()
             figures = {"break_even": metrics["break_even_accept_len"], "draft_steps": k}
@@ -173,8 +173,25 @@ def run(args: argparse.Namespace) -> int:
             c.set_model_version_tag(
                 mv.name, mv.version, naming.eval_tag(profile.name, "run"), mlflow.active_run().info.run_id
             )
+            describe.set_section(
+                c, mv.name, mv.version, f"evaluation:{profile.name}",
+                evaluation_section(profile.name, metrics, k, len(records), mlflow.active_run().info.run_id),
+            )  # fmt: skip
     print(summary(name, profile.name, metrics))
     return 0
+
+
+def evaluation_section(profile: str, m: dict[str, float], k: int, prompts: int, run_id: str) -> str:
+    """What the version page says about its latest evaluation on a profile."""
+    be, L, lo, hi = m["break_even_accept_len"], m["accept_len"], m["accept_len_ci_low"], m["accept_len_ci_high"]
+    verdict = "beats break-even" if lo > be else ("above break-even on the mean only" if be < L else "below break-even")
+    return (
+        f"## Evaluation on `{profile}`: {verdict}\n\n"
+        "| accept_len [95% CI] | break-even | projected tok/s | sim_accept_len | draft steps | prompts | engine | run |"
+        "\n|---|---|---|---|---|---|---|---|\n"
+        f"| **{L:.3f}** [{lo:.3f}, {hi:.3f}] | {be:.2f} | {m['projected_tps']:.1f} ({m['projected_speedup']:.2f}x) | "
+        f"{m.get('sim_accept_len', float('nan')):.3f} | {k} | {prompts} | in-process | `{run_id}` |\n"
+    )
 
 
 STALE = 0.10  # a host profile that mis-projects what this host measures by more than this is stale

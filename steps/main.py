@@ -191,6 +191,8 @@ def run(args: argparse.Namespace) -> int:
         seconds = time.perf_counter() - t_start
         text = summary(name, results, args.profile, decision, seconds)
         mlflow.log_text(text + "\n", "summary.md")
+        mlflow.set_tag("mlflow.note.content", text)  # the run's description in the UI is its summary
+        mlflow.log_figure(comparison_figure(results, args.profile), "drafters_vs_break_even.png")
         mlflow.log_metric("main_seconds", seconds)
         for label, (_version, m) in results.items():
             mlflow.log_metrics(
@@ -208,6 +210,18 @@ def run(args: argparse.Namespace) -> int:
         f"Models -> {name})"
     )
     return 0
+
+
+def comparison_figure(results: dict[str, tuple[str, dict[str, float]]], profile: str):
+    from drafter.evaluation import drafters_figure
+
+    rows = [
+        (f"{label} v{version}", m["accept_len"], m["accept_len_ci_low"], m["accept_len_ci_high"])
+        for label, (version, m) in results.items()
+    ]
+    any_m = next(iter(results.values()))[1]
+    k = len([key for key in any_m if key.startswith("acc_pos_")])  # one per draft step
+    return drafters_figure(rows, any_m["break_even_accept_len"], k, f"drafters on {profile}")
 
 
 def _typed(value: str) -> Any:

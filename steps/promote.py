@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 
 from drafter.cost import load_profile
 from drafter.errors import BadInput
@@ -21,7 +22,7 @@ def build() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from mlflow.exceptions import MlflowException
 
-    from registry import audit, evidence, naming, policy, store
+    from registry import audit, describe, evidence, naming, policy, store
 
     profile = load_profile(args.profile)
     try:
@@ -85,6 +86,11 @@ def run(args: argparse.Namespace) -> int:
             c.set_model_version_tag(
                 mv.name, mv.version, naming.TAG_PROMOTION, f"{decision.summary()} (profile {profile.name})"[:4000]
             )
+            describe.set_section(
+                c, mv.name, mv.version, f"promotion:{args.stage}",
+                f"## Promotion to {args.stage} on `{profile.name}`: {'promoted' if decision.allowed else 'refused'}"
+                "\n\n" + "\n".join(lines[2:-1]) + f"\n\nDecided {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+            )  # fmt: skip
             if decision.allowed:  # the alias moves last, after every check and record
                 audit.move_alias(c, mv.name, args.stage, mv.version, decision.summary(), by_promote=True)
     return 0 if decision.allowed else 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import re
 
 from drafter.compat import Check, check_compat, compare_drafters, drafter_facts, target_facts, verdict
 from steps._cli import log_params, none_if_empty, parser, run_step, step_run
@@ -47,7 +46,7 @@ def facts_for(ref: str):
 
 
 def section(target: str, result: str, md: str) -> str:
-    return f"<!-- shape_gate:{target} -->\n## Shape gate vs `{target}`: {result}\n\n{md}\n<!-- /shape_gate:{target} -->"
+    return f"## Shape gate vs `{target}`: {result}\n\n{md}\n"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,20 +82,14 @@ def run(args: argparse.Namespace) -> int:
         mlflow.log_text(md + ("\n\n" + cmp_md if cmp_md else "") + "\n", "shape_gate.md")
         mlflow.set_tags({"shape_gate": result, "shape_gate.target": args.target})
         if mv is not None:
-            from registry import audit, naming, store
+            from registry import audit, describe, naming, store
 
             c = store.client()
             c.set_model_version_tag(mv.name, mv.version, naming.TAG_GATE, result)
             c.set_model_version_tag(mv.name, mv.version, naming.TAG_GATE_TARGET, str(args.target))
-            desc = mv.description or ""
-            block = section(str(args.target), result, md)
-            pattern = re.compile(
-                rf"<!-- shape_gate:{re.escape(str(args.target))} -->.*?<!-- /shape_gate:"
-                rf"{re.escape(str(args.target))} -->",
-                re.S,
+            describe.set_section(
+                c, mv.name, mv.version, f"shape_gate:{args.target}", section(str(args.target), result, md)
             )
-            desc = pattern.sub(lambda _: block, desc) if pattern.search(desc) else f"{desc}\n\n{block}".strip()
-            c.update_model_version(mv.name, mv.version, description=desc)
             audit.record(c, mv.name, mv.version, f"shape_gate:{result}", md, target=str(args.target))
     return 0 if ok else 1
 

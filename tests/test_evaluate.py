@@ -108,6 +108,8 @@ def test_evaluate_logs_metrics_plots_and_tags(tiny_targets, registered):
     tags = c.get_model_version("k25-tiny-eagle3", "1").tags
     assert float(tags["eval.kimi-k2.5-8xrtxpro6000.accept_len"]) == pytest.approx(m["accept_len"], abs=1e-4)
     assert tags["eval.kimi-k2.5-8xrtxpro6000.break_even"] == "2.4600"
+    description = c.get_model_version("k25-tiny-eagle3", "1").description
+    assert "## Evaluation on `kimi-k2.5-8xrtxpro6000`: below break-even" in description
 
 
 @pytest.mark.parametrize(

@@ -54,6 +54,14 @@ def test_main_pipeline_registers_three_drafters_and_gates_production(tmp_path):
     else:
         tags = c.get_model_version(name, candidate.version).tags
         assert tags["promotion"].startswith("refused")
+    # the story at a glance: each version page says how it did and what was decided; main's
+    # description is its summary, with all drafters against break-even in one figure
+    for v in (imported, candidate, scratch):
+        assert f"## Evaluation on `{profile}`" in c.get_model_version(name, v.version).description
+    assert "## Promotion to production" in c.get_model_version(name, candidate.version).description
+    (main_run,) = c.search_runs(["0"], filter_string="tags.`drafterops.step` = 'main'")
+    assert "| fine-tuned |" in main_run.data.tags["mlflow.note.content"]
+    assert "drafters_vs_break_even.png" in [a.path for a in c.list_artifacts(main_run.info.run_id)]
     # a rerun continues from the finished steps instead of redoing them
     again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]

@@ -102,6 +102,9 @@ def test_refused_below_break_even_and_promoted_above(evaluated):
     assert "| ci_low beats break-even | NO |" in refused.stdout
     assert "production" not in c.get_registered_model("k25-tiny-eagle3").aliases
     assert c.get_model_version("k25-tiny-eagle3", "1").tags["promotion"].startswith("refused to production")
+    assert "## Promotion to production on `kimi-k2.5-8xrtxpro6000`: refused" in (
+        c.get_model_version("k25-tiny-eagle3", "1").description
+    )
     ok = run_step("promote", ["--model", "models:/k25-tiny-eagle3/1", "--profile", str(tmp / "lenient.yaml")], tmp)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     mv = c.get_model_version_by_alias("k25-tiny-eagle3", "production")
