@@ -67,7 +67,7 @@ _STEP_RUNS: list[str] = []  # runs this process opened as steps: the exit code i
 
 
 @contextlib.contextmanager
-def step_run(name: str, tags: dict[str, str] | None = None) -> Iterator[object]:
+def step_run(name: str, tags: dict[str, str] | None = None, run_name: str | None = None) -> Iterator[object]:
     """The MLflow run of this step: joins `mlflow run`'s run (MLFLOW_RUN_ID), nests under an active
     run, or starts a fresh one. Marks it FAILED when the step raises bad input."""
     import mlflow
@@ -79,6 +79,8 @@ def step_run(name: str, tags: dict[str, str] | None = None) -> Iterator[object]:
     nested = mlflow.active_run() is not None
     run = mlflow.start_run(run_name=name, nested=nested, tags={"drafterops.step": name, **(tags or {})})
     _STEP_RUNS.append(run.info.run_id)
+    if run_name:  # named for what it is (a run `mlflow run` created has a random name)
+        mlflow.set_tag("mlflow.runName", run_name)
     try:
         failpoints.hit(name)
         yield run

@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             )
     metrics["break_even_accept_len"] = break_even_accept_len(profile)
     name = f"{mv.name}/v{mv.version}" if mv is not None else Path(folder).name
-    with step_run("evaluate"):
+    with step_run("evaluate", run_name=f"evaluate {name.split('/')[-1]} @ {profile.name}"):
         log_params(
             {
                 "model": args.model,

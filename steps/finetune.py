@@ -235,8 +235,14 @@ def run(args: argparse.Namespace) -> int:
         number = trial.number
         cfg = replace(base_cfg, **params, checkpoint_dir=str(trial_root / f"ckpt-{number}"))
         model = scratch_drafter(dcfg, dataset, train_idx, seed) if base_model is None else _copy(base_model)
-        run_ctx = mlflow.start_run(run_name=f"trial-{number}", nested=True) if rank0 else contextlib.nullcontext()
+        label = ", ".join(f"{k} {v:.2g}" if isinstance(v, float) else f"{k} {v}" for k, v in sorted(params.items()))
+        run_ctx = (
+            mlflow.start_run(run_name=f"trial {number} ({label})"[:250], nested=True)
+            if rank0
+            else contextlib.nullcontext()
+        )
         track = Tracker(rank0)
+        pruned_at = None
         with run_ctx as run:
             trial.set_user_attr("mlflow_run_id", run.info.run_id if rank0 else None)
             track.log_params({**cfg.to_params(), "trial": number})
@@ -259,14 +265,19 @@ def run(args: argparse.Namespace) -> int:
 
             try:
                 result = train(model, dataset, cfg, on_step=on_step, on_validate=on_validate, progress=args.progress)
-            except TrainingStopped as stop:
-                track.set_tags({"trial_state": "PRUNED", "pruned_at_step": stop.step})
-                raise optuna.TrialPruned(f"pruned at step {stop.step}") from None
+            except TrainingStopped as stop:  # expected: its run ends FINISHED, named and tagged as pruned
+                pruned_at = stop.step
+                track.set_tags(
+                    {
+                        "trial_state": "PRUNED",
+                        "pruned_at_step": stop.step,
+                        "mlflow.runName": f"trial {number} pruned at step {stop.step}",
+                    }
+                )
             except TrainingDiverged as err:
                 track.set_tags({"trial_state": "FAILED", "failed_at_step": err.step})
                 raise
-            value = result.val.sim_accept_len
-            if rank0:
+            if pruned_at is None and rank0:
                 from drafter.checkpoint import save_drafter
 
                 mlflow.log_metrics({"tokens_per_s": result.tokens / max(result.seconds, 1e-9)})
@@ -276,12 +287,14 @@ def run(args: argparse.Namespace) -> int:
                 mlflow.log_artifacts(str(out), "drafter")  # in the shared store: any worker can register it
                 shutil.rmtree(out, ignore_errors=True)
                 shutil.rmtree(cfg.checkpoint_dir, ignore_errors=True)
-            return value
+        if pruned_at is not None:
+            raise optuna.TrialPruned(f"pruned at step {pruned_at}")
+        return result.val.sim_accept_len
 
     if multi and not rank0:
         follow_trials(objective)
         return 0
-    with step_run("finetune"):
+    with step_run("finetune", run_name=f"finetune {'scratch' if args.init == 'scratch' else 'warm'}"):
         log_params(
             {
                 "init": args.init,

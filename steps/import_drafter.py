@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
                 naming.TAG_TRAINED_FOR: trained_for,
                 **{f"card.{k}": v for k, v in card.items()},
             }
-            with step_run("import_drafter"):
+            with step_run("import_drafter", run_name=f"import {Path(str(args.source)).name} -> {name}"):
                 log_params(
                     {
                         "source": args.source,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from drafter.capture import bytes_per_token, capture, plan_capture
 from drafter.data import preflight
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
 
-    with step_run("make_data"):
+    with step_run("make_data", run_name=f"make_data {Path(args.out).name}"):
         log_params(
             {
                 "target": args.target,
@@ -103,7 +104,6 @@ def run(args: argparse.Namespace) -> int:
                 "capture_tokens_per_s": index["num_tokens"] / max(seconds, 1e-9),
             }
         )
-        from pathlib import Path
 
         out = Path(args.out).resolve()
         dataset = MetaDataset(resolve_dataset_source(str(out)), name=out.name, digest=index["digest"][:36])

@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
         lines.append(f"\npromote: {decision.summary()}")
         text = "\n".join(lines)
         print(text)
-        with step_run("promote"):
+        outcome = "promoted" if decision.allowed else "refused"
+        with step_run("promote", run_name=f"promote v{mv.version} -> {args.stage}: {outcome}"):
             import mlflow
 
             log_params({"model": args.model, "profile": profile.name, "stage": args.stage, "margin": margin})

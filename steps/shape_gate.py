@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from drafter.compat import Check, check_compat, compare_drafters, drafter_facts, target_facts, verdict
 from steps._cli import log_params, none_if_empty, parser, run_step, step_run
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if unproven and ok:
         out.append("shape_gate: some checks could not be made; production needs a gate against the target's weights")
     print("\n".join(out))
-    with step_run("shape_gate"):
+    with step_run("shape_gate", run_name=f"shape_gate {facts.source.split('/')[-1]} vs {Path(str(args.target)).name}"):
         log_params({"model": args.model, "target": args.target, "reference": reference or ""})
         mlflow.log_table(
             pd.DataFrame([c.__dict__ | {"verdict": c.verdict} for c in checks]).drop(columns=["ok"]),

@@ -109,6 +109,8 @@ def test_study_with_pruning_and_failure_registers_the_best_with_lineage(world, m
         [c.get_run(parent_run).info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run}'"
     )
     assert sorted(r.data.tags.get("trial_state") for r in children) == ["COMPLETE", "FAILED", "PRUNED"]
+    pruned = next(r for r in children if r.data.tags["trial_state"] == "PRUNED")  # expected, so not red
+    assert pruned.info.status == "FINISHED" and "pruned at step" in pruned.data.tags["mlflow.runName"]
     complete = next(r for r in children if r.data.tags["trial_state"] == "COMPLETE")
     history = c.get_metric_history(complete.info.run_id, "train_loss")
     assert len(history) >= 5 and history[-1].value < history[0].value
