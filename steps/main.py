@@ -106,6 +106,9 @@ class Pipeline:
         self.log.append(f"{entry}: run {run_id[:8]}, exit {code}, {seconds:.0f} s")
         if code not in ok_codes:
             raise StepFailed(entry, code, run_id)
+        if code == 1:  # a gate's "no" is an expected outcome here: not a red "Failed" in the run list
+            self.client.set_tag(run_id, "drafterops.outcome", "refused")
+            self.client.set_terminated(run_id, "FINISHED")
         self.client.set_tag(run_id, "drafterops.cache_key", key)
         return run_id, code
 

@@ -199,6 +199,12 @@ def test_two_ranks_under_a_launcher_run_the_same_trials(world, tmp_path):
     """torchrun with 2 CPU ranks (gloo): every rank trains the same trial (TorchDistributedTrial), rank 0
     alone talks to Optuna and MLflow, so each trial is one study trial and one MLflow run."""
 
+    from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder
+
+    # DeepSpeed JIT-builds its CPU shared-memory op on first use; on a fresh machine two ranks doing
+    # that at once crashed one (SIGABRT, "terminate called without an active exception"). Build it
+    # here, in one process, first.
+    ShareMemCommBuilder().load(verbose=False)
     tmp, wrapped = world
     gate_and_write_space(tmp, wrapped, tmp_path)
     storage = f"sqlite:///{tmp_path}/optuna.db"

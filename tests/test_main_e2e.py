@@ -62,6 +62,8 @@ def test_main_pipeline_registers_three_drafters_and_gates_production(tmp_path):
     (main_run,) = c.search_runs(["0"], filter_string="tags.`drafterops.step` = 'main'")
     assert "| fine-tuned |" in main_run.data.tags["mlflow.note.content"]
     assert "drafters_vs_break_even.png" in [a.path for a in c.list_artifacts(main_run.info.run_id)]
+    refusals = c.search_runs(["0"], filter_string="tags.`drafterops.outcome` = 'refused'")
+    assert all(r.info.status == "FINISHED" for r in refusals)
     # a rerun continues from the finished steps instead of redoing them
     again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
