@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +43,10 @@ class EvidenceRecord:
     max_new_tokens: int
     engine: str
     engine_version: str
-    per_prompt: list[tuple[int, int]]  # (tokens emitted by verify cycles, verify cycles) per prompt
+    per_prompt: list[tuple[int, int]]  # (sum of accepted + 1 over its verify cycles, verify cycles) per prompt
     dataset_digest: str = ""
     sim_accept_len: float | None = None
     run_id: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def accept_len(self) -> float:

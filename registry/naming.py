@@ -6,6 +6,8 @@ import os
 import re
 from pathlib import Path
 
+from drafter.errors import BadInput
+
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"  # the embedded default store, in the working folder
 ALIASES = ("imported", "candidate", "staging", "production")
 PROTECTED_ALIASES = ("staging", "production")  # serving aliases: they move only through `promote`
@@ -34,8 +36,6 @@ def target_slug(target: str) -> str:
 def check_name(name: str, what: str = "--name") -> str:
     """A registered-model name goes into search filters, URIs and cache paths: letters, digits, '.',
     '_' and '-' only, no '..', so it can break none of them."""
-    from drafter.errors import BadInput
-
     if not SAFE_NAME.fullmatch(name) or ".." in name:
         raise BadInput(
             f"{what} {name!r} is not a valid model name (letters, digits, '.', '_', '-'; at most 128; no '..')"
@@ -45,8 +45,6 @@ def check_name(name: str, what: str = "--name") -> str:
 
 def check_alias(alias: str, what: str = "--alias") -> str:
     """An alias a step other than `promote` may set: never a protected serving alias."""
-    from drafter.errors import BadInput
-
     if alias in PROTECTED_ALIASES:
         raise BadInput(f"{what} {alias!r}: {' and '.join(PROTECTED_ALIASES)} move only through `promote`")
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", alias) or alias.isdigit() or alias.lower() == "latest":

@@ -108,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
             )
         host = host_profile()
         metrics.update(online.metrics(profile, host))
+        if online.truncated:
+            print(f"evaluate: warning: {online.truncated} prompts were cut from the left to fit the target context")
         if host is not None and abs(metrics["host_projection_error"]) > STALE:
             print(
                 f"evaluate: warning: profile 'host' projects a {metrics['host_speedup_projected']:.2f}x speed-up "
@@ -148,12 +150,12 @@ def run(args: argparse.Namespace) -> int:
                 acceptance_figure(None, offline_acc, f"{name}: offline acceptance"), "acceptance_by_position.png"
             )
         if online is not None and records:
-            record = evidence_record(
-                mv, folder, args.target, base_profile, k, prompts_path, records, temperature, max_new, online
-            )
-            record.dataset_digest = dataset_digest
-            record.sim_accept_len = metrics.get("sim_accept_len")
-            evidence.log_record(record)
+            evidence.log_record(
+                evidence_record(
+                    mv, folder, args.target, base_profile, k, prompts_path, records, temperature, max_new, online,
+                    dataset_digest, metrics.get("sim_accept_len"),
+                )
+            )  # fmt: skip
         if mv is not None and online is not None:
             from registry import describe, naming, store
 
@@ -204,7 +206,9 @@ def host_profile():
     return load_profile("host") if (PROFILE_DIR / "host.yaml").is_file() else None
 
 
-def evidence_record(mv, folder, target, profile, k, prompts_path, records, temperature, max_new, online):
+def evidence_record(
+    mv, folder, target, profile, k, prompts_path, records, temperature, max_new, online, dataset_digest, sim_accept_len
+):
     """The whole evaluation as evidence: what was measured, on what, under which conditions."""
     import torch
     import transformers
@@ -231,6 +235,8 @@ def evidence_record(mv, folder, target, profile, k, prompts_path, records, tempe
         engine="in-process",
         engine_version=f"torch {torch.__version__}, transformers {transformers.__version__}",
         per_prompt=online.per_prompt,
+        dataset_digest=dataset_digest,
+        sim_accept_len=sim_accept_len,
     )
 
 
