@@ -53,7 +53,7 @@ class TrainConfig:
     max_steps: int = 200
     batch_size: int = 8
     max_len: int = 512
-    lr: float = 1e-3
+    peak_lr: float = 1e-3
     warmup_ratio: float = 0.05
     weight_decay: float = 0.0
     ttt_length: int = 3
@@ -119,7 +119,7 @@ def load_ds_config(name_or_path: str, cfg: TrainConfig, total_steps: int) -> dic
     if not isinstance(ds, dict):
         raise BadInput(f"{path}: DeepSpeed config must be a JSON object")
     fills = {
-        "lr": cfg.lr,
+        "lr": cfg.peak_lr,
         "weight_decay": cfg.weight_decay,
         "total_num_steps": total_steps,
         "warmup_num_steps": max(1, int(cfg.warmup_ratio * total_steps)),
@@ -309,7 +309,7 @@ def train(
         engine.backward(loss)
         engine.step()
         tokens += batch.num_tokens
-        lr = scheduler.get_last_lr()[0] if scheduler is not None else cfg.lr
+        lr = scheduler.get_last_lr()[0] if scheduler is not None else cfg.peak_lr
         metrics = {
             "train_loss": loss_value,
             "lr": float(lr),

@@ -378,7 +378,7 @@ def build_drafter(cfg: BuildConfig, out: Path, aq_records: list[dict], figures: 
             max_steps=cfg.drafter_steps,
             batch_size=cfg.drafter_batch,
             max_len=256,
-            lr=cfg.drafter_lr,
+            peak_lr=cfg.drafter_lr,
             warmup_ratio=0.03,
             ttt_length=3,
             val_fraction=0.05,

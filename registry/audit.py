@@ -36,8 +36,17 @@ def current_alias_version(c: Any, name: str, alias: str) -> str | None:
         return None
 
 
-def record(c: Any, name: str, version: str, decision: str, reasons: dict[str, Any] | str, **extra: str) -> str:
-    """One audit run for a decision (alias move, refusal, gate result)."""
+def record(
+    c: Any,
+    name: str,
+    version: str,
+    decision: str,
+    reasons: dict[str, Any] | str,
+    summary: str | None = None,
+    **extra: str,
+) -> str:
+    """One audit run for a decision (alias move, refusal, gate result); `summary` is the one-line
+    reason the runs list shows (else one is made from `reasons`)."""
     exp = _audit_experiment(c)
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     tags = {
@@ -47,13 +56,24 @@ def record(c: Any, name: str, version: str, decision: str, reasons: dict[str, An
         "actor": getpass.getuser(),
         "time": when,
         "mlflow.runName": f"{decision} {name}/v{version}",
-        **{k: str(v) for k, v in extra.items()},
+        **{k: str(v) if v not in (None, "") else "none" for k, v in extra.items()},
     }
-    run = c.create_run(exp, tags=tags)
     text = reasons if isinstance(reasons, str) else json.dumps(reasons, indent=2, default=str)
+    # readable where the UI shows runs: the reason in the list, the whole text as the description
+    tags["reason"] = _one_line(summary or reasons)
+    tags["mlflow.note.content"] = text if isinstance(reasons, str) else f"```json\n{text}\n```"
+    run = c.create_run(exp, tags=tags)
     c.log_text(run.info.run_id, text, "reasons.json" if not isinstance(reasons, str) else "reasons.md")
     c.set_terminated(run.info.run_id)
     return run.info.run_id
+
+
+def _one_line(reasons: dict[str, Any] | str, limit: int = 500) -> str:
+    if isinstance(reasons, str):
+        line = " ".join(reasons.split())
+    else:
+        line = str(reasons.get("reason") or reasons.get("why") or "; ".join(f"{k}: {v}" for k, v in reasons.items()))
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def move_alias(c: Any, name: str, alias: str, version: str, reason: str, by_promote: bool = False) -> str | None:
@@ -62,7 +82,7 @@ def move_alias(c: Any, name: str, alias: str, version: str, reason: str, by_prom
     if alias in naming.PROTECTED_ALIASES and not by_promote:
         naming.check_alias(alias)  # raises: no step but `promote` may move a serving alias
     previous = current_alias_version(c, name, alias)
-    record(c, name, version, f"alias:{alias}", reason, alias=alias, previous=previous or "")
+    record(c, name, version, f"alias:{alias}", reason, alias=alias, previous=previous or "none")
     c.set_registered_model_alias(name, alias, str(version))
     stage = naming.LEGACY_STAGE.get(alias)
     if stage:
@@ -70,6 +90,9 @@ def move_alias(c: Any, name: str, alias: str, version: str, reason: str, by_prom
     if previous and previous != str(version):
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         c.set_model_version_tag(name, previous, f"replaced.{alias}", f"{when} by version {version}")
+    from registry.describe import refresh_model_page
+
+    refresh_model_page(c, name)
     return previous
 
 

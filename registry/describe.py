@@ -7,14 +7,89 @@ from __future__ import annotations
 import re
 from typing import Any
 
+ORDER = (
+    "decision",
+    "aliases",
+    "promotion",
+    "evaluation",
+    "shape_gate",
+    "contents",
+)  # the decision first, the inventory last
+_SECTION = re.compile(r"<!-- ([^>]+?) -->\n(.*?)\n<!-- /\1 -->", re.S)
+
 
 def upsert_section(text: str, key: str, body: str) -> str:
-    """`text` with the section `key` replaced by `body`, or `body` appended as that section."""
-    block = f"<!-- {key} -->\n{body.strip()}\n<!-- /{key} -->"
-    pattern = re.compile(rf"<!-- {re.escape(key)} -->.*?<!-- /{re.escape(key)} -->", re.S)
-    return pattern.sub(lambda _: block, text) if pattern.search(text) else f"{text}\n\n{block}".strip()
+    """`text` with the section `key` replaced by `body` (or added), the sections ordered by ORDER under
+    the unmarked head (what the version is), so the verdict reads before the inventory."""
+    sections = {m.group(1): m.group(2) for m in _SECTION.finditer(text)}
+    head = _SECTION.sub("", text).strip()
+    sections[key] = body.strip()
+
+    def rank(k: str) -> int:
+        kind = k.split(":")[0]
+        return ORDER.index(kind) if kind in ORDER else len(ORDER)
+
+    blocks = [f"<!-- {k} -->\n{sections[k]}\n<!-- /{k} -->" for k in sorted(sections, key=rank)]
+    return "\n\n".join([head, *blocks] if head else blocks)
 
 
 def set_section(c: Any, name: str, version: str, key: str, body: str) -> None:
     mv = c.get_model_version(name, version)
     c.update_model_version(name, version, description=upsert_section(mv.description or "", key, body))
+
+
+def contents(hashes: dict[str, str], header: dict[str, Any]) -> str:
+    """The files (with their sha256) and tensors (shape, dtype) of a drafter folder, from its headers;
+    every version's page lists them, whatever made the version."""
+    rows = "\n".join(f"| `{k}` | {list(v.shape)} | {v.dtype} |" for k, v in sorted(header.items()))
+    files = "\n".join(f"| `{k}` | `{v}` |" for k, v in hashes.items())
+    return (
+        f"### Files\n\n| file | sha256 |\n|---|---|\n{files}\n\n"
+        f"### Tensors\n\n| tensor | shape | dtype |\n|---|---|---|\n{rows}\n"
+    )
+
+
+def parameter_count(header: dict[str, Any]) -> int:
+    """Trainable parameters from the headers (the shared embedding is not the drafter's)."""
+    width = {"BF16": 2, "F16": 2, "F32": 4}
+    return sum(v.nbytes // width[v.dtype] for v in header.values() if v.dtype in width)
+
+
+def refresh_model_page(c: Any, name: str, last_decision: str | None = None) -> None:
+    """The registered model's page answers "which drafter is where, and why": one row per alias with
+    the version's latest evaluations, and the last promotion decision."""
+    from registry import naming
+
+    rm = c.get_registered_model(name)
+    aliases = dict(getattr(rm, "aliases", {}) or {})
+    rows = []
+    for alias in naming.ALIASES:
+        version = aliases.get(alias)
+        if version is None:
+            rows.append(f"| `{alias}` | none | | |")
+            continue
+        mv = c.get_model_version(name, str(version))
+        head = next((ln.lstrip("# ").strip() for ln in (mv.description or "").splitlines() if ln.strip()), "")
+        rows.append(f"| `{alias}` | v{version} | {head} | {_evaluations(mv.tags)} |")
+    body = (
+        "## Where each alias points\n\n| alias | version | what it is | latest evaluation |\n|---|---|---|---|\n"
+        + "\n".join(rows)
+        + "\n\n`staging` and `production` move only through `promote` (a guard reverts any other move)."
+    )
+    text = upsert_section(rm.description or "", "aliases", body)
+    if last_decision:
+        text = upsert_section(text, "decision", f"## Last promotion decision\n\n{last_decision}")
+    c.update_registered_model(name, description=text)
+
+
+def _evaluations(tags: dict[str, str]) -> str:
+    """'1.910 [1.752, 2.065] vs break-even 2.46 on profile' for each profile the version was evaluated on."""
+    out = []
+    for key in sorted(tags):
+        if key.startswith("eval.") and key.endswith(".accept_len"):
+            p = key[len("eval.") : -len(".accept_len")]
+            low, high, be = (
+                tags.get(f"eval.{p}.{k}", "?") for k in ("accept_len_ci_low", "accept_len_ci_high", "break_even")
+            )
+            out.append(f"{float(tags[key]):.3f} [{low[:5]}, {high[:5]}] vs break-even {be[:4]} on `{p}`")
+    return "; ".join(out) or "not evaluated"

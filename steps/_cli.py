@@ -49,9 +49,13 @@ def write_traceback(name: str, text: str) -> Path | None:
         return None
 
 
+NOT_GIVEN = ("", "none", "None", "auto")
+
+
 def none_if_empty(value: str | None) -> str | None:
-    """MLproject parameters cannot be absent; an empty string means 'not given'."""
-    return value if value not in (None, "", "none", "None") else None
+    """MLproject parameters cannot be absent: the words `auto` (worked out by the step) and `none`
+    (not used) stand for 'not given', so that no run shows an empty parameter."""
+    return value if value not in (None, *NOT_GIVEN) else None
 
 
 def configure_mlflow() -> None:
@@ -64,6 +68,7 @@ def configure_mlflow() -> None:
 
 
 _STEP_RUNS: list[str] = []  # runs this process opened as steps: the exit code is recorded on the first
+_ASKED: dict[str, str] = {}  # the step's arguments as given: a param shows what was asked
 
 
 @contextlib.contextmanager
@@ -117,6 +122,8 @@ def run_step(
 ) -> None:
     """Parse, run, and exit with the contract's code; errors are one line on stderr, no traceback."""
     args = build().parse_args(argv)
+    _ASKED.clear()
+    _ASKED.update({k: v for k, v in vars(args).items() if isinstance(v, str)})
     configure_mlflow()
     try:
         code = body(args) or 0
@@ -154,13 +161,28 @@ def _record_exit_code(code: int) -> None:
         client().set_tag(run_id, "drafterops.exit_code", str(code))
 
 
-def log_params(params: dict[str, object]) -> None:
-    """Log params the run does not have yet (`mlflow run` has logged the entry point's own already,
-    and MLflow refuses to change a param)."""
+def _same(a: str, b: str) -> bool:
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return a == b
+
+
+def log_params(effective: dict[str, object]) -> None:
+    """Each parameter as asked (`mlflow run` logs the entry point's own before the step starts, and
+    MLflow refuses to change a param) and, where the step worked it out (`auto`, a relative path, a
+    default), its effective value as `resolved.<name>`, so Compare lines up what actually ran."""
     import mlflow
 
     run = mlflow.active_run()
     have = mlflow.get_run(run.info.run_id).data.params if run else {}
-    fresh = {k: ("" if v is None else str(v)) for k, v in params.items() if k not in have}
+    fresh: dict[str, str] = {}
+    for key, value in effective.items():
+        value = "none" if value in (None, "") else str(value)
+        asked = have.get(key, _ASKED.get(key, value))
+        if key not in have:
+            fresh[key] = asked if asked not in ("", None) else "none"
+        if not _same(fresh.get(key, asked), value) and f"resolved.{key}" not in have:
+            fresh[f"resolved.{key}"] = value
     if fresh:
         mlflow.log_params(fresh)

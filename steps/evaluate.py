@@ -18,14 +18,14 @@ def build() -> argparse.ArgumentParser:
     p = parser("evaluate", __doc__)
     p.add_argument("--model", default="models:/k2.5-mini-eagle3@imported", help="registry URI, folder or hub id")
     p.add_argument("--target", default=str(MINIWORLD / "k2.5-mini"))
-    p.add_argument("--data", default="", help="held-out hidden-state dataset (offline acceptance); optional")
+    p.add_argument("--data", default="none", help="held-out hidden-state dataset (offline acceptance); optional")
     p.add_argument(
         "--prompts",
         default=str(MINIWORLD / "prompts" / "k2.5-test.jsonl"),
         help="held-out prompts (online acceptance); empty to skip",
     )
     p.add_argument("--profile", default="kimi-k2.5-8xrtxpro6000")
-    p.add_argument("--draft_steps", default="", help="k (default: the profile's)")
+    p.add_argument("--draft_steps", default="auto", help="k (auto: the profile's)")
     p.add_argument("--temperature", default="0", help="0 for greedy; > 0 for lossless sampling")
     p.add_argument("--max_new_tokens", default="64")
     p.add_argument("--limit", default="20", help="prompts to decode (0: all)")
@@ -123,8 +123,8 @@ def run(args: argparse.Namespace) -> int:
             {
                 "model": args.model,
                 "target": args.target,
-                "data": data_dir or "",
-                "prompts": prompts_path or "",
+                "data": data_dir,
+                "prompts": prompts_path,
                 "profile": profile.name,
                 "draft_steps": k,
                 "temperature": temperature,
@@ -132,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
                 "limit": limit,
             }
         )
-        mlflow.log_metrics(metrics)
+        model_id = link_version(mv, name, profile.name, metrics)
+        mlflow.log_metrics(metrics, model_id=model_id)  # also on the version's model page
         if online is not None:
             ci = (metrics["accept_len_ci_low"], metrics["accept_len_ci_high"])
             mlflow.log_figure(
@@ -181,6 +182,24 @@ def run(args: argparse.Namespace) -> int:
             )  # fmt: skip
     print(summary(name, profile.name, metrics))
     return 0
+
+
+def link_version(mv, name: str, profile: str, metrics: dict[str, float]) -> str | None:
+    """The run names the version it scored: a description linking the version page, and the version's
+    logged model id, under which the metrics are logged too (its model page lists them)."""
+    import mlflow
+
+    if mv is None:
+        return None
+    model_id = mv.model_id or (mv.source.removeprefix("models:/") if str(mv.source).startswith("models:/m-") else None)
+    line = f"Scores [{mv.name} v{mv.version}](#/models/{mv.name}/versions/{mv.version}) on `{profile}`"
+    if "accept_len" in metrics:
+        line += (
+            f": accept_len {metrics['accept_len']:.3f} [{metrics['accept_len_ci_low']:.3f}, "
+            f"{metrics['accept_len_ci_high']:.3f}] against break-even {metrics['break_even_accept_len']:.2f}"
+        )
+    mlflow.set_tag("mlflow.note.content", line + ".")
+    return model_id
 
 
 def evaluation_section(profile: str, m: dict[str, float], k: int, prompts: int, run_id: str) -> str:

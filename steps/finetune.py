@@ -31,14 +31,14 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--max_steps", default="150")
     p.add_argument("--batch_size", default="8")
     p.add_argument("--ds_config", default="zero0", help="a name in configs/deepspeed or a path")
-    p.add_argument("--storage", default="", help="Optuna storage URL (default: sqlite file beside mlflow.db)")
-    p.add_argument("--study", default="", help="study name (default: from init and dataset digest)")
+    p.add_argument("--storage", default="auto", help="Optuna storage URL (auto: an SQLite file beside mlflow.db)")
+    p.add_argument("--study", default="auto", help="study name (auto: from init and dataset digest)")
     p.add_argument("--search_space", default=str(CONFIGS / "search_space.yaml"))
-    p.add_argument("--fixed_params", default="", help="JSON of TrainConfig values used instead of a search")
+    p.add_argument("--fixed_params", default="none", help="JSON of TrainConfig values used instead of a search")
     p.add_argument("--seed", default="0")
     p.add_argument("--arch", default=str(MINIWORLD / "aq-mini-eagle3"), help="drafter config for init=scratch")
-    p.add_argument("--name", default="", help="registered model (default: the init's, or <target>-eagle3)")
-    p.add_argument("--alias", default="candidate", help="alias for the registered best version ('' for none)")
+    p.add_argument("--name", default="auto", help="registered model (auto: the init's, or <target>-eagle3)")
+    p.add_argument("--alias", default="candidate", help="alias for the registered best version ('none' for none)")
     p.add_argument("--val_every", default="25")
     p.add_argument(
         "--heartbeat",
@@ -233,6 +233,7 @@ def run(args: argparse.Namespace) -> int:
     def objective(trial: optuna.Trial) -> float:
         params = dict(fixed) if fixed is not None else suggest(trial, space)
         number = trial.number
+        trial.set_user_attr("settings", params)  # collective under a launcher: every rank calls it
         cfg = replace(base_cfg, **params, checkpoint_dir=str(trial_root / f"ckpt-{number}"))
         model = scratch_drafter(dcfg, dataset, train_idx, seed) if base_model is None else _copy(base_model)
         label = ", ".join(f"{k} {v:.2g}" if isinstance(v, float) else f"{k} {v}" for k, v in sorted(params.items()))
@@ -305,6 +306,10 @@ def run(args: argparse.Namespace) -> int:
                 "storage": storage_url,
                 "study": study_name,
                 "seed": seed,
+                "fixed_params": args.fixed_params,
+                "name": name,
+                "alias": none_if_empty(args.alias),
+                "heartbeat": args.heartbeat,
             }
         )
         mlflow.set_tags({"dataset_digest": dataset.digest, "optuna.study": study_name})
@@ -453,23 +458,35 @@ def _register(
     tags = {
         naming.TAG_SOURCE: f"run:{run_id}",
         naming.TAG_SHA256: store.weights_sha256(hashes),
-        naming.TAG_TRAINED_FOR: target,
+        naming.TAG_TRAINED_FOR: naming.target_slug(target),
         naming.TAG_DATASET: dataset.digest,
         "optuna.trial": str(trial.number),
         "val_sim_accept_len": f"{trial.value:.4f}",
     }
     if parent is not None:
         tags[naming.TAG_PARENT] = f"models:/{parent.name}/{parent.version}"
+    from drafter.checkpoint import read_header
+    from registry.describe import contents, upsert_section
+
+    settings = trial.user_attrs.get("settings") or trial.params
+    what = f"## Fine-tuned from `{tags[naming.TAG_PARENT]}`" if parent is not None else "## Trained from scratch"
     desc = (
-        f"## Fine-tuned drafter\n\n- **parent**: `{tags.get(naming.TAG_PARENT, 'scratch')}`\n"
-        f"- **dataset**: `{dataset.digest}` ({len(dataset)} samples)\n- **run**: `{run_id}`\n"
+        f"{what}\n\n- **trained for**: `{tags[naming.TAG_TRAINED_FOR]}`\n"
+        f"- **dataset**: `{dataset.digest}` ({len(dataset)} samples)\n- **finetune run**: `{run_id}`\n"
         f"- **best trial**: {trial.number}, val sim_accept_len {trial.value:.3f}\n\n"
-        "| setting | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in trial.params.items())
+        "### Settings\n\n| setting | value |\n|---|---|\n"
+        + "\n".join(f"| {k} | {_fmt(v)} |" for k, v in sorted(settings.items()))
+        + "\n"
     )
+    desc = upsert_section(desc, "contents", contents(hashes, read_header(folder)))
     mv = store.register_drafter(folder, name, tags, desc)
     if alias:
         audit.move_alias(c, name, alias, mv.version, f"best of finetune run {run_id} (trial {trial.number})")
     return str(mv.version)
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 def _exists(c: Any, name: str) -> bool:
@@ -482,31 +499,89 @@ def _exists(c: Any, name: str) -> bool:
         return False
 
 
+OBJECTIVE = "val_sim_accept_len"
+
+
+def study_history_figure(study: Any):
+    """Every trial of the study against the objective: completed trials as dots, pruned ones as
+    crosses at their last reported value, failed ones along the bottom, and the best so far."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from optuna.trial import TrialState
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    best, best_line = float("-inf"), []
+    styles = {
+        TrialState.COMPLETE: ("o", "tab:blue", "completed"),
+        TrialState.PRUNED: ("x", "tab:orange", "pruned (last value)"),
+    }
+    shown: set[str] = set()
+    for t in sorted(study.trials, key=lambda t: t.number):
+        value = (
+            t.value
+            if t.state == TrialState.COMPLETE
+            else (t.intermediate_values[max(t.intermediate_values)] if t.intermediate_values else None)
+        )
+        if t.state in styles and value is not None:
+            marker, color, label = styles[t.state]
+            ax.scatter(t.number, value, marker=marker, color=color, label=None if label in shown else label, zorder=3)
+            shown.add(label)
+        if t.state == TrialState.COMPLETE:
+            best = max(best, t.value)
+        best_line.append((t.number, best if best > float("-inf") else None))
+    points = [(n, b) for n, b in best_line if b is not None]
+    if points:
+        ax.step([n for n, _ in points], [b for _, b in points], where="post", color="tab:green", label="best so far")
+    failed = [t.number for t in study.trials if t.state == TrialState.FAIL]
+    if failed:
+        ax.scatter(failed, [ax.get_ylim()[0]] * len(failed), marker="v", color="tab:red", label="failed")
+    ax.set_xlabel("trial")
+    ax.set_ylabel(f"{OBJECTIVE} (objective, higher is better)")
+    ax.set_title(f"study {study.study_name[:60]}")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def log_study_figures(study: Any) -> None:
-    """Optuna's own plots (history, parameter importances) as figures on the parent run."""
+    """The study's history (objective named, pruned trials shown), Optuna's intermediate values, and
+    parameter importances when there is something to attribute (else a tag says why not)."""
     import warnings
 
     import matplotlib
 
     matplotlib.use("Agg")
     import mlflow
+    import optuna
     from optuna.trial import TrialState
     from optuna.visualization import matplotlib as ovm
 
     done = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    mlflow.log_figure(study_history_figure(study), "optuna_history.png")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if done:
-            ax = ovm.plot_optimization_history(study)
-            mlflow.log_figure(ax.figure, "optuna_history.png")
+        if any(t.intermediate_values for t in study.trials):
             ax = ovm.plot_intermediate_values(study)
+            ax.set_ylabel(f"{OBJECTIVE} at each validation")
             mlflow.log_figure(ax.figure, "optuna_intermediate_values.png")
-        if len(done) >= 2 and len(study.best_params) >= 1:
+        searched = {k for t in done for k in t.params}
+        why = None
+        if len(done) < 2:
+            why = f"{len(done)} completed trial(s); importances need at least 2"
+        elif not searched:
+            why = "no searched parameters (fixed settings)"
+        else:
             try:
+                importances = optuna.importance.get_param_importances(study)
                 ax = ovm.plot_param_importances(study)
+                ax.set_xlabel(f"importance for {OBJECTIVE} (fANOVA)")
                 mlflow.log_figure(ax.figure, "optuna_param_importances.png")
-            except (ValueError, RuntimeError):  # importances need variation across completed trials
-                pass
+                mlflow.log_dict(importances, "optuna_param_importances.json")
+            except (ValueError, RuntimeError) as exc:
+                why = f"not computable: {str(exc).splitlines()[0][:200]}"
+        mlflow.set_tag("optuna.importance", why or "optuna_param_importances.png")
 
 
 def main(argv: list[str] | None = None) -> None:

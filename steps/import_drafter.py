@@ -24,10 +24,14 @@ def build() -> argparse.ArgumentParser:
         default=str(MINIWORLD / "aq-mini-eagle3"),
         help="hub id (org/name, org/name@rev, hf://org/name@rev) or a local drafter folder",
     )
-    p.add_argument("--revision", default="", help="hub revision (branch, tag or commit); pinned to its commit")
-    p.add_argument("--name", default="", help="registered model name (default: <target-slug>-eagle3)")
+    p.add_argument(
+        "--revision",
+        default="auto",
+        help="hub revision: branch, tag or commit (auto: the default branch); pinned to its commit",
+    )
+    p.add_argument("--name", default="auto", help="registered model name (auto: <target-slug>-eagle3)")
     p.add_argument("--target", default=str(MINIWORLD / "k2.5-mini"), help="the target this model is registered for")
-    p.add_argument("--trained_for", default="", help="target the weights were trained on (default: model card)")
+    p.add_argument("--trained_for", default="auto", help="target the weights were trained for (auto: card)")
     p.add_argument("--allow_pickle", default="false", help="accept .bin/.pt weights (read with weights_only=True)")
     return p
 
@@ -112,21 +116,15 @@ def model_card(folder: Path) -> dict[str, str]:
 
 
 def describe(source_tag: str, hashes: dict[str, str], header: dict, card: dict[str, str], trained_for: str) -> str:
-    rows = "\n".join(f"| `{k}` | {list(v.shape)} | {v.dtype} |" for k, v in sorted(header.items()))
-    files = "\n".join(f"| `{k}` | `{v}` |" for k, v in hashes.items())
-    params = sum(
-        v.nbytes // (2 if v.dtype in ("BF16", "F16") else 4)
-        for k, v in header.items()
-        if v.dtype in ("BF16", "F16", "F32")
-    )
-    return (
+    from registry.describe import contents, parameter_count, upsert_section
+
+    head = (
         f"## Imported drafter\n\n- **source**: `{source_tag}`\n- **trained for**: `{trained_for}`\n"
         f"- **licence**: {card.get('license', 'not stated')}\n"
         f"- **training samples**: {card.get('training_samples', 'not stated')}\n"
-        f"- **parameters**: {params / 1e6:.2f} M (without embed_tokens)\n\n"
-        f"### Files\n\n| file | sha256 |\n|---|---|\n{files}\n\n"
-        f"### Tensors\n\n| tensor | shape | dtype |\n|---|---|---|\n{rows}\n"
+        f"- **parameters**: {parameter_count(header) / 1e6:.2f} M (without embed_tokens)\n"
     )
+    return upsert_section(head, "contents", contents(hashes, header))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -154,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         hashes = store.file_hashes(folder)
         sha = store.weights_sha256(hashes)
         card = model_card(folder)
-        trained_for = none_if_empty(args.trained_for) or card.get("base_model", "unknown")
+        trained_for = naming.target_slug(none_if_empty(args.trained_for) or card.get("base_model", "unknown"))
         target = str(args.target)
         name = none_if_empty(args.name) or naming.model_name_for(target)
         c = store.client()
@@ -180,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
                 log_params(
                     {
                         "source": args.source,
-                        "revision": commit or none_if_empty(args.revision) or "",
+                        "revision": commit or none_if_empty(args.revision) or "none (a local folder)",
                         "name": name,
                         "target": target,
                         "trained_for": trained_for,

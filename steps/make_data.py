@@ -21,8 +21,8 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="dataset folder to create (or resume)")
     p.add_argument("--max_len", type=int, default=512, help="tokens per sample (longer prompts are cut)")
     p.add_argument("--limit", type=int, default=0, help="use the first N prompts (0: all)")
-    p.add_argument("--drafter", default="", help="drafter whose config gives the aux layer ids")
-    p.add_argument("--layers", default="", help="aux layer ids 'a,b,c' (overrides the drafter's)")
+    p.add_argument("--drafter", default="none", help="drafter whose config gives the aux layer ids")
+    p.add_argument("--layers", default="auto", help="aux layer ids 'a,b,c' (auto: the drafter's)")
     p.add_argument("--shard_tokens", type=int, default=65536, help="tokens per shard")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p

@@ -6,7 +6,7 @@ import argparse
 
 from drafter.cost import Profile, break_even_accept_len, load_profile, plan_table
 from drafter.errors import BadInput
-from steps._cli import log_params, parser, run_step, step_run
+from steps._cli import log_params, none_if_empty, parser, run_step, step_run
 
 DEFAULT_TPS = "82,100,150,200"
 
@@ -15,7 +15,7 @@ def build() -> argparse.ArgumentParser:
     p = parser("plan", __doc__)
     p.add_argument("--profile", default="kimi-k2.5-8xrtxpro6000", help="profile name or YAML path")
     p.add_argument("--tps", default=DEFAULT_TPS, help="comma-separated target speeds (tok/s)")
-    p.add_argument("--draft_steps", default="", help="override the profile's draft steps (k)")
+    p.add_argument("--draft_steps", default="auto", help="draft steps k (auto: the profile's)")
     p.add_argument("--no-mlflow", dest="mlflow", action="store_false", help="print only, log nothing")
     return p
 
@@ -63,7 +63,7 @@ def render(profile: Profile, tps: list[float]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
-    if args.draft_steps not in ("", None):
+    if none_if_empty(args.draft_steps):
         try:
             k = int(args.draft_steps)
         except ValueError:

@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
                 mv.version,
                 f"promote:{args.stage}:{'yes' if decision.allowed else 'no'}",
                 reasons,
+                summary=decision.summary(),
                 profile=profile.name,
                 profile_digest=profile.digest[:16],
                 evidence_run=decision.evidence_run or "",
@@ -94,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
             )  # fmt: skip
             if decision.allowed:  # the alias moves last, after every check and record
                 audit.move_alias(c, mv.name, args.stage, mv.version, decision.summary(), by_promote=True)
+            describe.refresh_model_page(c, mv.name, f"v{mv.version} -> {args.stage}: {decision.summary()}")
     return 0 if decision.allowed else 1
 
 

@@ -18,7 +18,7 @@ def build() -> argparse.ArgumentParser:
         help="models:/name/N, models:/name@alias, a local drafter folder or a hub id",
     )
     p.add_argument("--target", default=str(MINIWORLD / "k2.5-mini"), help="target folder or hub id")
-    p.add_argument("--reference", default="", help="a second drafter to compare side by side (optional)")
+    p.add_argument("--reference", default="none", help="a second drafter to compare side by side (optional)")
     return p
 
 
@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     if unproven and ok:
         out.append("shape_gate: some checks could not be made; production needs a gate against the target's weights")
     print("\n".join(out))
-    with step_run("shape_gate", run_name=f"shape_gate {facts.source.split('/')[-1]} vs {Path(str(args.target)).name}"):
+    drafter_label = f"v{mv.version}" if mv is not None else facts.source.split("/")[-1]
+    with step_run("shape_gate", run_name=f"shape_gate {drafter_label} vs {Path(str(args.target)).name}"):
         log_params({"model": args.model, "target": args.target, "reference": reference or ""})
         mlflow.log_table(
             pd.DataFrame([c.__dict__ | {"verdict": c.verdict} for c in checks]).drop(columns=["ok"]),

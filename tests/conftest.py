@@ -191,3 +191,35 @@ def mlflow_server(folder: Path, backend_uri: str, *extra: str):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+MAIN_PARAMS = {"n_trials": "2", "max_steps": "60", "limit": "6", "max_new_tokens": "32"}
+
+
+def main_command(tmp: Path) -> tuple[list[str], dict[str, str]]:
+    """`mlflow run . --env-manager local` on the mini world into `tmp`: a smaller study and fewer
+    decoded tokens than the default, to keep the suite fast; the same code paths."""
+    import os
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db",
+        "DRAFTEROPS_CACHE": str(tmp / "cache"),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+    }
+    cmd = [str(Path(sys.executable).with_name("mlflow")), "run", str(root), "--env-manager", "local"]
+    cmd += ["-P", f"workdir={tmp / 'work'}", *[x for k, v in MAIN_PARAMS.items() for x in ("-P", f"{k}={v}")]]
+    return cmd, env
+
+
+@pytest.fixture(scope="session")
+def main_job(tmp_path_factory):
+    """The main job, run once for the tests that read its store (the end-to-end test, the UI test)."""
+    import subprocess
+
+    tmp = tmp_path_factory.mktemp("main")
+    cmd, env = main_command(tmp)
+    first = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=1500)
+    return tmp, cmd, env, first

@@ -45,11 +45,13 @@ def gate_and_write_space(tmp: Path, wrapped: Path, folder: Path) -> Path:
         ).returncode
         == 0
     )
-    (folder / "space.yaml").write_text("lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}\n")
+    (folder / "space.yaml").write_text("peak_lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}\n")
     return folder / "space.yaml"
 
 
-SPACE = "lr: {type: float, low: 1.0e-7, high: 1.0e-2, log: true}\nnoise_std: {type: float, low: 0.0, high: 1.0e+39}\n"
+SPACE = (
+    "peak_lr: {type: float, low: 1.0e-7, high: 1.0e-2, log: true}\nnoise_std: {type: float, low: 0.0, high: 1.0e+39}\n"
+)
 
 
 def test_study_with_pruning_and_failure_registers_the_best_with_lineage(world, monkeypatch):
@@ -66,10 +68,10 @@ def test_study_with_pruning_and_failure_registers_the_best_with_lineage(world, m
     (tmp / "space.yaml").write_text(SPACE)
     storage = f"sqlite:///{tmp}/optuna.db"
     study = optuna.create_study(study_name="s1", storage=storage, direction="maximize")
-    study.enqueue_trial({"lr": 5e-3, "noise_std": 0.0})  # learns
-    study.enqueue_trial({"lr": 1e-7, "noise_std": 0.0})  # learns nothing: pruned at its first validation
+    study.enqueue_trial({"peak_lr": 5e-3, "noise_std": 0.0})  # learns
+    study.enqueue_trial({"peak_lr": 1e-7, "noise_std": 0.0})  # learns nothing: pruned at its first validation
     study.enqueue_trial(
-        {"lr": 5e-3, "noise_std": 1e39}
+        {"peak_lr": 5e-3, "noise_std": 1e39}
     )  # overflows float32: NaN loss, the trial fails, the study goes on
     res = run_step(
         "finetune",
@@ -103,7 +105,9 @@ def test_study_with_pruning_and_failure_registers_the_best_with_lineage(world, m
     mv = c.get_model_version_by_alias("k25-tiny-eagle3", "candidate")
     assert mv.tags["parent"] == "models:/k25-tiny-eagle3/1"
     assert mv.tags["dataset_digest"] == json.loads((tmp / "ds" / "index.json").read_text())["digest"]
-    assert mv.tags["trained_for"] == str(wrapped) and mv.tags["source"].startswith("run:")
+    assert mv.tags["trained_for"] == "k25-tiny" and mv.tags["source"].startswith("run:")
+    assert mv.description.startswith("## Fine-tuned from `models:/k25-tiny-eagle3/1`")
+    assert "### Files" in mv.description and "| `fc.weight` |" in mv.description
     parent_run = mv.tags["source"].removeprefix("run:")
     children = c.search_runs(
         [c.get_run(parent_run).info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run}'"
@@ -115,6 +119,10 @@ def test_study_with_pruning_and_failure_registers_the_best_with_lineage(world, m
     history = c.get_metric_history(complete.info.run_id, "train_loss")
     assert len(history) >= 5 and history[-1].value < history[0].value
     assert {"optuna_history.png"} <= {a.path for a in c.list_artifacts(parent_run)}
+    assert "importances need at least 2" in c.get_run(parent_run).data.tags["optuna.importance"]
+    params = c.get_run(parent_run).data.params
+    assert "''" not in params.values() and "" not in params.values()
+    assert params["storage"] == storage and params["name"] == "auto" and params["resolved.name"] == "k25-tiny-eagle3"
     # warm start keeps the imported vocab maps byte for byte
     parent = load_file(str(tmp / "d" / "model.safetensors"))
     dl = Path(mlflow.artifacts.download_artifacts(f"models:/k25-tiny-eagle3/{mv.version}", dst_path=str(tmp / "dl")))

@@ -1,36 +1,14 @@
 """The main job end to end: `mlflow run . --env-manager local` on the mini world, in a temporary folder."""
 
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import mlflow
 
-ROOT = Path(__file__).resolve().parents[1]
-# a smaller study and fewer decoded tokens than the default, to keep the suite fast; same code paths
-PARAMS = {"n_trials": "2", "max_steps": "60", "limit": "6", "max_new_tokens": "32"}
 
-
-def test_main_pipeline_registers_three_drafters_and_gates_production(tmp_path):
-    env = {
-        **os.environ,
-        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
-        "DRAFTEROPS_CACHE": str(tmp_path / "cache"),
-        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-    }
-    cmd = [
-        str(Path(sys.executable).with_name("mlflow")),
-        "run",
-        str(ROOT),
-        "--env-manager",
-        "local",
-        "-P",
-        f"workdir={tmp_path / 'work'}",
-        *[x for k, v in PARAMS.items() for x in ("-P", f"{k}={v}")],
-    ]
-    first = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1500)
+def test_main_pipeline_registers_three_drafters_and_gates_production(main_job):
+    tmp_path, cmd, env, first = main_job
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "ERROR" not in first.stderr  # the expected refusal is not reported as a failure
     assert "| imported |" in first.stdout and "| fine-tuned |" in first.stdout and "| scratch |" in first.stdout
     c = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     name = "k2.5-mini-eagle3"
@@ -62,6 +40,20 @@ def test_main_pipeline_registers_three_drafters_and_gates_production(tmp_path):
     (main_run,) = c.search_runs(["0"], filter_string="tags.`drafterops.step` = 'main'")
     assert "| fine-tuned |" in main_run.data.tags["mlflow.note.content"]
     assert "drafters_vs_break_even.png" in [a.path for a in c.list_artifacts(main_run.info.run_id)]
+    # one vocabulary: every parameter has a value (asked, and resolved where the step worked it out)
+    runs = c.search_runs(["0"])
+    assert all(v not in ("", "''") for r in runs for v in r.data.params.values())
+    evaluations = [r for r in runs if r.data.tags.get("drafterops.step") == "evaluate"]
+    assert {r.data.params["draft_steps"] for r in evaluations} == {"auto"}
+    assert {r.data.params["resolved.draft_steps"] for r in evaluations} == {"2"}
+    steps = [r for r in runs if "drafterops.step" in r.data.tags]
+    assert len({r.data.tags["mlflow.runName"] for r in steps}) == len(steps)  # every step's run named apart
+    assert {c.get_model_version(name, v.version).tags["trained_for"] for v in (candidate, scratch)} == {"k2.5-mini"}
+    assert "Trained from scratch" in c.get_model_version(name, scratch.version).description
+    for v in (candidate, scratch):
+        assert "### Tensors" in c.get_model_version(name, v.version).description
+    audit = c.search_runs([c.get_experiment_by_name("drafterops-audit").experiment_id])
+    assert audit and all(r.data.tags.get("reason") for r in audit)
     refusals = c.search_runs(["0"], filter_string="tags.`drafterops.outcome` = 'refused'")
     assert all(r.info.status == "FINISHED" for r in refusals)
     # a rerun continues from the finished steps instead of redoing them

@@ -23,7 +23,7 @@ def cfg_for(ds):
     return tiny_config(vocab_size=int(ds.target_head().shape[0]), draft_vocab_size=128, aux_layer_ids=[0, 1, 2])
 
 
-FAST = dict(batch_size=4, max_len=64, lr=3e-3, ttt_length=2, val_every=10, val_fraction=0.25)
+FAST = dict(batch_size=4, max_len=64, peak_lr=3e-3, ttt_length=2, val_every=10, val_fraction=0.25)
 
 
 def test_scratch_training_learns_and_keeps_vocab_maps(dataset):
