@@ -1,5 +1,7 @@
 """Trial-steps saved by the median pruner against running every trial to the end, at the same best
-value: the same TPE study (same seed, same trials) on the mini world's K2.5 fine-tuning data.
+value: the study `finetune` runs (TPE sized to the budget, the baseline trial first, the honest
+objective: validation set, the profile's draft depth, out-of-vocabulary targets as rejections) on
+the mini world's K2.5 fine-tuning data, with and without the pruner.
 
     python -m bench.pruning
 """
@@ -15,41 +17,48 @@ import optuna
 from bench._common import write_results
 from drafter.capture import capture, plan_capture
 from drafter.checkpoint import load_drafter
+from drafter.cost import load_profile
 from drafter.data import HiddenStateDataset
 from drafter.prompts import read_prompts
 from drafter.target import load_target
 from drafter.train import TrainConfig, TrainingStopped, attach_target_embedding, train
-from steps.finetune import load_space, suggest
+from tuning.space import load_space, suggest
 
 ROOT = Path(__file__).resolve().parents[1]
 MW = ROOT / "miniworld"
 
 
-def study(ds, base, pruner, n_trials: int, steps: int) -> tuple[float, int]:
+def study(ds, val, base, pruner, n_trials: int, steps: int, depth: int) -> tuple[float, int]:
+    from tuning.space import DEFAULT_BASELINE, load_settings
+    from tuning.study import open_study
+
     space = load_space(str(ROOT / "configs" / "search_space.yaml"))
+    baseline = load_settings(DEFAULT_BASELINE, space)
     used = 0
 
     def objective(trial):
         nonlocal used
-        cfg = TrainConfig(max_steps=steps, batch_size=8, max_len=256, val_every=steps // 4, **suggest(trial, space))
+        cfg = TrainConfig(
+            max_steps=steps, batch_size=8, max_len=256, val_every=steps // 6, val_draft_steps=depth,
+            **suggest(trial, space),
+        )  # fmt: skip
         model = copy.deepcopy(base)
         model.has_embedding = True
-        done = [0]
 
         def on_validate(step, stats):
-            done[0] = step
             trial.report(stats.sim_accept_len, step)
             return trial.should_prune()
 
         try:
-            res = train(model, ds, cfg, on_validate=on_validate, progress=False)
+            res = train(model, ds, cfg, on_validate=on_validate, progress=False, val_dataset=val)
         except TrainingStopped as stop:
             used += stop.step
             raise optuna.TrialPruned() from None
         used += steps
         return res.val.sim_accept_len
 
-    s = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0), pruner=pruner)
+    s, _, _ = open_study(optuna.storages.InMemoryStorage(), "bench", 0, n_trials, pruner)
+    s.enqueue_trial({k: baseline[k] for k in space})
     s.optimize(objective, n_trials=n_trials)
     return s.best_value, used
 
@@ -65,20 +74,20 @@ def main() -> None:
             "hidden_size": 128,
             "vocab_size": target.config.vocab_size,
         }
-        records = read_prompts(MW / "prompts" / "k2.5-train.jsonl")
-        capture(
-            target,
-            plan_capture(target, records, 256),
-            Path(tmp) / "ds",
-            base.config.aux_layer_ids,
-            meta,
-            progress=False,
-        )
-        ds = HiddenStateDataset(Path(tmp) / "ds")
+        sets = {}
+        for split in ("train", "val"):
+            records = read_prompts(MW / "prompts" / f"k2.5-{split}.jsonl")
+            folder = Path(tmp) / split
+            capture(target, plan_capture(target, records, 256), folder, base.config.aux_layer_ids, meta, progress=False)
+            sets[split] = HiddenStateDataset(folder)
+        ds, val = sets["train"], sets["val"]
         attach_target_embedding(base, ds)
+        depth = load_profile("kimi-k2.5-8xrtxpro6000").draft_steps
         n, steps = 8, 120
-        with_p = study(ds, base, optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0), n, steps)
-        without = study(ds, base, optuna.pruners.NopPruner(), n, steps)
+        with_p = study(
+            ds, val, base, optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0), n, steps, depth
+        )
+        without = study(ds, val, base, optuna.pruners.NopPruner(), n, steps, depth)
     rows = [
         {
             "study": f"{n} trials x {steps} steps, MedianPruner",
@@ -91,7 +100,10 @@ def main() -> None:
             "trial_steps": without[1],
         },
     ]
-    notes = f"Pruning ran {100 * (1 - with_p[1] / without[1]):.0f}% fewer trial-steps."
+    notes = (
+        f"Pruning ran {100 * (1 - with_p[1] / without[1]):.0f}% fewer trial-steps. Objective: val_sim_accept_len "
+        f"on k2.5-val at {depth} draft steps; trial 0 is the baseline (configs/baseline_trial.yaml)."
+    )
     print(write_results("pruning", rows, notes).read_text())
 
 

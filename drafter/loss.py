@@ -72,15 +72,23 @@ def ttt_loss(
     t2d: torch.Tensor,
     d2t: torch.Tensor,
     decay: float = 0.8,
+    denominators: torch.Tensor | None = None,
+    world_size: int = 1,
 ) -> tuple[torch.Tensor, list[torch.Tensor], StepStats]:
-    """Soft cross-entropy per step, weighted decay**j; positions whose target argmax lies outside
-    the draft vocabulary are masked (the drafter cannot propose it).
+    """Soft cross-entropy per step, weighted decay**j. Positions whose target token lies outside the
+    draft vocabulary carry no loss (the drafter cannot propose it) but count as rejections in the
+    acceptance counts, as they are online.
+
+    Under data parallelism each rank passes `denominators` (the loss positions per step summed over
+    all ranks, `loss_positions` + all_reduce) and `world_size`: the gradients DeepSpeed averages
+    over ranks then equal those of one rank holding the whole global batch.
 
     step_logits[j]: [B, T, Vd]; target_logits_d: [B, T, Vd]; target_token: [B, T] target ids;
     pred_mask: [B, T] bool. Returns (loss, per-step losses, counts).
     """
     b, t = target_token.shape
-    valid_all = pred_mask.bool() & t2d[target_token.long()]
+    counted_all = pred_mask.bool()  # every position the target verifies
+    valid_all = counted_all & t2d[target_token.long()]  # ... of which the drafter could propose
     target_probs = torch.softmax(target_logits_d.float(), dim=-1)
     n_steps = len(step_logits)
     loss = target_logits_d.new_zeros((), dtype=torch.float32)
@@ -91,13 +99,18 @@ def ttt_loss(
         shift = j + 1
         n = t - shift
         valid = torch.zeros(b, t, dtype=torch.bool, device=target_token.device)
+        counted = torch.zeros_like(valid)
         if n > 0:
             valid[:, :n] = valid_all[:, shift:]
+            counted[:, :n] = counted_all[:, shift:]
         logp = F.log_softmax(logits.float(), dim=-1)
         if n > 0:
             ce = -(target_probs[:, shift:] * logp[:, :n]).sum(-1)  # [B, n]
             m = valid[:, :n].float()
-            step_loss = (ce * m).sum() / m.sum().clamp(min=1.0)
+            if denominators is None:
+                step_loss = (ce * m).sum() / m.sum().clamp(min=1.0)
+            else:
+                step_loss = (ce * m).sum() * world_size / denominators[j].clamp(min=1.0)
         else:
             step_loss = logp.sum() * 0.0
         step_losses.append(step_loss)
@@ -109,9 +122,20 @@ def ttt_loss(
                 hit[:, :n] = (draft + d2t[draft]) == target_token[:, shift:].long()
             hit &= valid
             correct[j] = hit.sum()
-            total[j] = valid.sum()
-            considered = alive & valid
+            total[j] = counted.sum()
+            considered = alive & counted
             chain_total[j] = considered.sum()
             alive = considered & hit
             chain_correct[j] = alive.sum()
     return loss, step_losses, StepStats(correct, total, chain_correct, chain_total)
+
+
+def loss_positions(
+    target_token: torch.Tensor, pred_mask: torch.Tensor, t2d: torch.Tensor, n_steps: int
+) -> torch.Tensor:
+    """[n_steps] positions that carry loss at each TTT step (what ttt_loss divides by)."""
+    valid_all = pred_mask.bool() & t2d[target_token.long()]
+    t = target_token.shape[1]
+    return torch.stack(
+        [valid_all[:, j + 1 :].sum() if j + 1 < t else valid_all.new_zeros(()).sum() for j in range(n_steps)]
+    ).float()

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from drafter.config import DrafterConfig
 from drafter.data import collate, split_indices, token_counts
 from drafter.errors import BadInput
-from drafter.loss import StepStats, pred_mask_from_loss_mask, target_draft_logits, ttt_loss
+from drafter.loss import StepStats, loss_positions, pred_mask_from_loss_mask, target_draft_logits, ttt_loss
 from drafter.model import Eagle3Drafter
 from drafter.vocab import build_vocab_maps
 
@@ -61,7 +61,7 @@ class TrainConfig:
     noise_std: float = 0.0
     val_fraction: float = 0.1
     val_every: int = 50
-    val_steps: int = 3  # draft steps measured by validation: fixed, so trials with other TTT lengths compare
+    val_draft_steps: int = 3  # validation drafts this deep (the deployment's draft steps), whatever ttt_length
     seed: int = 0
     ds_config: str = "zero0"  # a name in configs/deepspeed, or a path
     ds_overrides: dict[str, Any] = field(default_factory=dict)
@@ -123,7 +123,7 @@ def load_ds_config(name_or_path: str, cfg: TrainConfig, total_steps: int) -> dic
         "weight_decay": cfg.weight_decay,
         "total_num_steps": total_steps,
         "warmup_num_steps": max(1, int(cfg.warmup_ratio * total_steps)),
-        "train_micro_batch_size_per_gpu": cfg.batch_size,
+        "train_micro_batch_size_per_gpu": micro_batch(cfg.batch_size, world_size()),
     }
 
     def fill(node: Any) -> Any:
@@ -184,12 +184,35 @@ def attach_target_embedding(model: Eagle3Drafter, dataset: Any) -> None:
 
 
 def batch_indices(train: list[int], batch_size: int, seed: int, step: int) -> list[int]:
-    """The samples of a global step: epochs reshuffled by (seed, epoch); a pure function of step."""
-    per_epoch = math.ceil(len(train) / batch_size)
+    """The samples of a global step: epochs reshuffled by (seed, epoch), full batches only (an
+    epoch's remainder is left to the next shuffle); a pure function of step."""
+    size = min(batch_size, len(train))
+    per_epoch = len(train) // size
     epoch, k = divmod(step, per_epoch)
     order = list(train)
     random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    return order[k * batch_size : (k + 1) * batch_size]
+    return order[k * size : (k + 1) * size]
+
+
+def world_size() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def micro_batch(global_batch: int, world: int) -> int:
+    """Samples per rank and step: `batch_size` is the global batch, split evenly over the ranks."""
+    if global_batch % world:
+        raise BadInput(f"batch_size {global_batch} (the global batch) must be divisible by the {world} ranks")
+    return global_batch // world
+
+
+def rank_share(indices: list[int], rank: int, world: int) -> list[int]:
+    """This rank's disjoint part of a global batch."""
+    per = len(indices) // world
+    return indices[rank * per : (rank + 1) * per]
 
 
 @torch.no_grad()
@@ -241,21 +264,35 @@ def train(
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     on_validate: Callable[[int, StepStats], bool] | None = None,
     progress: bool = True,
+    val_dataset: Any | None = None,
 ) -> TrainResult:
     """Train `model` (weights, d2t/t2d, embedding already in place) on `dataset` for cfg.max_steps.
 
     on_step(step, metrics) gets train_loss, train_acc_<i>, lr; on_validate(step, stats) gets the
-    validation counts and returns True to stop (raises TrainingStopped)."""
+    validation counts at cfg.val_draft_steps (on `val_dataset` when given, else on a held-out
+    val_fraction of `dataset`) and returns True to stop (raises TrainingStopped).
+
+    Under a launcher with W ranks, each global batch of cfg.batch_size samples is split into W
+    disjoint parts, and the loss is normalised by the global token count, so W ranks compute the
+    gradient one rank would on the whole batch."""
     import deepspeed
 
     check_fit(model.config, dataset)
     if cfg.max_steps < 1 or cfg.batch_size < 1 or cfg.ttt_length < 1:
         raise BadInput("max_steps, batch_size and ttt_length must be >= 1")
-    train_idx, val_idx = split_indices(len(dataset), cfg.val_fraction, cfg.seed)
+    if val_dataset is not None:
+        check_fit(model.config, val_dataset)
+        train_idx, val_idx = list(range(len(dataset))), list(range(len(val_dataset)))
+    else:
+        train_idx, val_idx = split_indices(len(dataset), cfg.val_fraction, cfg.seed)
+        val_dataset = dataset
     if not train_idx:
         raise BadInput("dataset has no training samples")
-    ds_config = load_ds_config(cfg.ds_config, cfg, cfg.max_steps)
     ensure_distributed()
+    import torch.distributed as dist
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    ds_config = load_ds_config(cfg.ds_config, cfg, cfg.max_steps)
     bf16 = bool(ds_config.get("bf16", {}).get("enabled"))
     torch.manual_seed(cfg.seed)
     model.train()
@@ -266,6 +303,7 @@ def train(
     device = engine.device
     dtype = torch.bfloat16 if bf16 else torch.float32
     head_rows = head_rows.to(device)
+    val_rows = head_rows if val_dataset is dataset else val_dataset.target_head()[model.t2d].float().to(device)
     start_step = 0
     ckpt_dir = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     if ckpt_dir is not None and (ckpt_dir / "latest").is_file():
@@ -284,7 +322,8 @@ def train(
         unit="step",
     )
     for step in bar:
-        batch = collate([dataset[i] for i in batch_indices(train_idx, cfg.batch_size, cfg.seed, step)], cfg.max_len)
+        mine = rank_share(batch_indices(train_idx, cfg.batch_size, cfg.seed, step), rank, world)
+        batch = collate([dataset[i] for i in mine], cfg.max_len)
         aux = batch.aux_hidden.to(device, dtype)
         steps = engine(
             batch.input_ids.to(device),
@@ -294,21 +333,33 @@ def train(
             noise_std=cfg.noise_std,
         )
         mask = (pred_mask_from_loss_mask(batch.loss_mask) & batch.attention_mask).to(device)
+        target_token = batch.target_token.to(device)
+        counts = loss_positions(target_token, mask, engine.module.t2d, cfg.ttt_length)
+        step_tokens = torch.tensor([float(batch.num_tokens)])
+        if world > 1:  # the loss is a mean over the global batch's positions, not each rank's
+            dist.all_reduce(counts)
+            dist.all_reduce(step_tokens)
         loss, _, stats = ttt_loss(
             steps,
             target_draft_logits(batch.last_hidden.to(device), head_rows),
-            batch.target_token.to(device),
+            target_token,
             mask,
             engine.module.t2d,
             engine.module.d2t,
             decay=cfg.step_decay,
+            denominators=counts,
+            world_size=world,
         )
-        loss_value = loss.item()
+        shown = loss.detach().clone()
+        if world > 1:  # the global batch's loss: the mean of the ranks' parts
+            dist.all_reduce(shown)
+            shown /= world
+        loss_value = shown.item()
         if not math.isfinite(loss_value):
             raise TrainingDiverged(step + 1, loss_value)
         engine.backward(loss)
         engine.step()
-        tokens += batch.num_tokens
+        tokens += int(step_tokens.item())  # every rank's
         lr = scheduler.get_last_lr()[0] if scheduler is not None else cfg.peak_lr
         metrics = {
             "train_loss": loss_value,
@@ -323,7 +374,7 @@ def train(
         validate_now = val_idx and (done % cfg.val_every == 0 or done == cfg.max_steps)
         if validate_now:
             val_stats = offline_stats(
-                engine.module, dataset, val_idx, head_rows, cfg.ttt_length, cfg.batch_size, cfg.max_len
+                engine.module, val_dataset, val_idx, val_rows, cfg.val_draft_steps, cfg.batch_size, cfg.max_len
             )
         every = cfg.checkpoint_every or cfg.val_every
         if ckpt_dir is not None and (done % every == 0 or done == cfg.max_steps):

@@ -172,7 +172,13 @@ def run(args: argparse.Namespace) -> int:
                 },
             )
             data[split] = out
-        ft = {"data": str(data["train"]), "max_steps": args.max_steps, "seed": "0"}
+        ft = {
+            "data": str(data["train"]),
+            "val_data": str(data["val"]),
+            "profile": args.profile,
+            "max_steps": args.max_steps,
+            "seed": "0",
+        }
         ft_run, _ = p.step("finetune", {**ft, "init": uri_imp, "n_trials": args.n_trials})
         candidate = version_from_run(c, name, ft_run)
         best = {k.removeprefix("best."): v for k, v in c.get_run(ft_run).data.params.items() if k.startswith("best.")}

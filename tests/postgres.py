@@ -48,7 +48,7 @@ def postgres_server() -> Iterator[str]:
         capture_output=True,
     )
     try:
-        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"  # the URL the README documents
     finally:
         subprocess.run([*as_user, pg_ctl, "-D", data, "-m", "fast", "stop"], capture_output=True)
         shutil.rmtree(data, ignore_errors=True)

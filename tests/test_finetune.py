@@ -152,14 +152,17 @@ def test_finetune_bad_inputs_register_nothing(world, tmp_path):
 
 
 def test_two_workers_share_one_study_on_postgresql(world, tmp_path):
-    """Two `finetune` processes on one PostgreSQL-backed study: all trials run once, none twice."""
+    """Two `finetune` workers started with the same command on one PostgreSQL study (the documented
+    `postgresql://` URL): one creates the study (baseline first), the other joins with a sampler
+    seeded apart; no trial runs twice, no two trials share settings, the budget is the study's."""
     from tests.postgres import postgres_server
 
     tmp, wrapped = world
     gate_and_write_space(tmp, wrapped, tmp_path)
     with postgres_server() as url:
-        # as an operator would: create the shared study once (Optuna's schema creation is not race-free)
-        optuna.create_study(study_name="shared", storage=url, direction="maximize")
+        # as an operator would: create the schema once (Optuna's table creation is not race-free);
+        # the study itself is created by whichever worker comes first
+        optuna.storages.RDBStorage(url)
         args = [
             "--init",
             "models:/k25-tiny-eagle3@imported",
@@ -184,7 +187,7 @@ def test_two_workers_share_one_study_on_postgresql(world, tmp_path):
         env = step_env(tmp)
         procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "steps.finetune", *args, "--seed", str(i)],
+                [sys.executable, "-m", "steps.finetune", *args],
                 cwd=tmp,
                 env=env,
                 stdout=subprocess.PIPE,
@@ -196,11 +199,15 @@ def test_two_workers_share_one_study_on_postgresql(world, tmp_path):
         outs = [p.communicate(timeout=900) for p in procs]
         assert [p.returncode for p in procs] == [0, 0], [o[1][-6000:] for o in outs]
         trials = optuna.load_study(study_name="shared", storage=url).trials
-        finished = [t for t in trials if t.state.is_finished()]
-        assert len(finished) >= 4 and len({t.number for t in trials}) == len(trials)
-        assert {t.state.name for t in finished} <= {"COMPLETE", "PRUNED"}
-        workers = {t.user_attrs.get("mlflow_run_id") for t in finished}
-        assert len(workers) == len(finished)  # every trial ran in exactly one place
+        ran = [t for t in trials if not t.user_attrs.get("over_budget")]
+        assert len(ran) == 4 and {t.state.name for t in ran} <= {"COMPLETE", "PRUNED"}  # the study's budget
+        assert ran[0].user_attrs.get("baseline") and ran[0].params == {"peak_lr": 3e-3}
+        assert len({tuple(sorted(t.params.items())) for t in ran}) == 4  # no settings proposed twice
+        workers = {t.user_attrs.get("mlflow_run_id") for t in ran}
+        assert len(workers) == len(ran)  # every trial ran in exactly one place
+        c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+        runs = c.search_runs(["0"], filter_string="params.study = 'shared'")
+        assert len({r.data.params["sampler_seed"] for r in runs}) == 2
 
 
 def test_two_ranks_under_a_launcher_run_the_same_trials(world, tmp_path):
@@ -246,7 +253,7 @@ def test_two_ranks_under_a_launcher_run_the_same_trials(world, tmp_path):
         "--search_space",
         str(tmp_path / "space.yaml"),
         "--alias",
-        "",
+        "none",
         "--no-progress",
     ]
     res = subprocess.run(
@@ -259,7 +266,13 @@ def test_two_ranks_under_a_launcher_run_the_same_trials(world, tmp_path):
     run_ids = {t.user_attrs["mlflow_run_id"] for t in trials}
     assert None not in run_ids and len(run_ids) == 2
     for rid in run_ids:
-        assert c.get_run(rid).data.tags["trial_state"] in ("COMPLETE", "PRUNED")
+        run = c.get_run(rid).data
+        assert run.tags["trial_state"] in ("COMPLETE", "PRUNED")
+        assert (run.params["world_size"], run.params["micro_batch_per_rank"], run.params["global_batch"]) == (
+            "2",
+            "2",
+            "4",
+        )
     parent = c.get_run(next(iter(run_ids))).data.tags["mlflow.parentRunId"]
     children = c.search_runs(
         [c.get_run(parent).info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'"
@@ -268,7 +281,8 @@ def test_two_ranks_under_a_launcher_run_the_same_trials(world, tmp_path):
 
 
 def test_a_trial_whose_worker_died_is_retried_not_lost(world, tmp_path):
-    """Kill a worker mid-trial: the next worker fails the stale trial (no heartbeat) and re-runs it."""
+    """Kill a worker mid-trial, after its first checkpoint: the next worker fails the stale trial (no
+    heartbeat), re-runs it from the checkpoint in the study's shared folder, and ends the dead run."""
     import signal
     import time
 
@@ -289,7 +303,7 @@ def test_a_trial_whose_worker_died_is_retried_not_lost(world, tmp_path):
         "--batch_size",
         "4",
         "--val_every",
-        "100",
+        "20",
         "--storage",
         storage,
         "--study",
@@ -299,7 +313,7 @@ def test_a_trial_whose_worker_died_is_retried_not_lost(world, tmp_path):
         "--heartbeat",
         "1",
         "--alias",
-        "",
+        "none",
         "--no-progress",
     ]
     doomed = run_step("finetune", args, tmp, wait=False)
@@ -310,14 +324,20 @@ def test_a_trial_whose_worker_died_is_retried_not_lost(world, tmp_path):
             trials = optuna.load_study(study_name="dies", storage=storage).trials
         except KeyError:
             continue
-        if trials and trials[0].state.name == "RUNNING":
+        if trials and (tmp_path / "trial-checkpoints" / "trial-0" / "latest").is_file():
             break
     doomed.send_signal(signal.SIGKILL)
     doomed.wait(timeout=60)
     time.sleep(4)  # three missed heartbeats
-    survivor = run_step("finetune", [*args[:7], "20", *args[8:]], tmp)  # same study, a short trial
+    survivor = run_step("finetune", args, tmp)  # the same command, as a restarted worker would run
     assert survivor.returncode == 0, survivor.stderr[-3000:]
     trials = optuna.load_study(study_name="dies", storage=storage).trials
     assert trials[0].state.name == "FAIL"
     retried = [t for t in trials[1:] if RetryHeartbeatStaleTrialCallback.retried_trial_number(t) == 0]
     assert retried and retried[0].params == trials[0].params and retried[0].state.is_finished()
+    c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    resumed = c.get_run(retried[0].user_attrs["mlflow_run_id"]).data.tags
+    assert int(resumed["resumed_from_step"]) >= 20
+    dead = c.get_run(trials[0].user_attrs["mlflow_run_id"])
+    assert dead.info.status == "FAILED" and "worker lost" in dead.data.tags["failed_because"]
+    assert not (tmp_path / "trial-checkpoints" / "trial-0").exists()  # finished: nothing left to resume

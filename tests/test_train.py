@@ -110,3 +110,96 @@ def test_dataset_that_does_not_fit_is_refused_before_training(dataset):
             TrainConfig(max_steps=1, ds_config=bad.name),
             progress=False,
         )
+
+
+def _ranks(dataset, tmp_path, world: int, ds_config: str, bf16: bool = False, steps: int = 4):
+    import subprocess
+    import sys
+
+    from tests.conftest import free_port, step_env
+
+    out = tmp_path / f"w{world}-{ds_config}{'-bf16' if bf16 else ''}.safetensors"
+    launcher = ["-m", "torch.distributed.run", "--nproc_per_node", str(world), "--master_port", str(free_port())]
+    cmd = [sys.executable, *(launcher if world > 1 else []), "-m", "tests.rank_train", "--data", str(dataset.folder)]
+    cmd += ["--out", str(out), "--ds_config", ds_config, "--steps", str(steps), *(["--bf16"] if bf16 else [])]
+    env = step_env(tmp_path, OMP_NUM_THREADS="1")
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # this process's own group
+        env.pop(key, None)
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    losses, tokens = (out.with_name(out.name + ".loss")).read_text().splitlines()
+    return out, [float(x) for x in losses.split()], int(tokens)
+
+
+@pytest.mark.parametrize("ds_config", ["zero0", "zero2"])
+def test_two_ranks_split_each_global_batch_and_match_one_rank(dataset, tmp_path, ds_config):
+    """Data parallelism: 2 ranks each take half of every global batch (disjoint), the loss is a mean
+    over the global batch's positions, so the weights equal one rank's on the whole batch (fp32)."""
+    from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder
+    from safetensors.torch import load_file
+
+    ShareMemCommBuilder().load(verbose=False)  # built once here, not by two ranks at once
+    one, loss1, tokens1 = _ranks(dataset, tmp_path, 1, ds_config)
+    two, loss2, tokens2 = _ranks(dataset, tmp_path, 2, ds_config)
+    assert tokens1 == tokens2  # tokens/s counts every rank's tokens
+    assert loss1 == pytest.approx(loss2, rel=1e-4)
+    a, b = load_file(str(one)), load_file(str(two))
+    for k in a:
+        assert torch.allclose(a[k].float(), b[k].float(), atol=2e-5), k
+
+
+def test_rank_share_is_a_disjoint_split_of_the_global_batch():
+    from drafter.train import batch_indices, micro_batch, rank_share
+
+    batch = batch_indices(list(range(10)), 4, seed=0, step=3)
+    parts = [rank_share(batch, r, 2) for r in range(2)]
+    assert sorted(parts[0] + parts[1]) == sorted(batch) and not set(parts[0]) & set(parts[1])
+    assert len(batch) == 4  # full batches only: an epoch's remainder waits for the next shuffle
+    with pytest.raises(BadInput, match="divisible"):
+        micro_batch(6, 4)
+
+
+def test_bf16_zero2_training_learns_and_exports_weights_that_load(dataset, tmp_path):
+    """bf16, the precision of every GPU run, on CPU with ZeRO-2: the loss falls and the saved
+    weights load into a fresh drafter."""
+    from safetensors.torch import load_file
+
+    from drafter.model import Eagle3Drafter
+
+    out, losses, _ = _ranks(dataset, tmp_path, 1, "zero2", bf16=True, steps=40)
+    assert losses[-1] < 0.8 * losses[0]
+    cfg = cfg_for(dataset)
+    model = Eagle3Drafter(cfg)
+    missing, unexpected = model.load_state_dict(load_file(str(out)), strict=False)
+    assert not unexpected and set(missing) <= {"embed_tokens.weight"}
+
+
+def test_trials_with_other_ttt_lengths_are_validated_at_the_same_depth(dataset):
+    """The objective compares like with like: validation drafts val_draft_steps deep whatever the
+    trial's ttt_length (else deeper-trained trials win by construction)."""
+    depths = []
+    for ttt in (2, 4):
+        model = scratch_drafter(cfg_for(dataset), dataset, list(range(len(dataset))), seed=0)
+        cfg = TrainConfig(max_steps=10, **{**FAST, "ttt_length": ttt}, val_draft_steps=3)
+        train(model, dataset, cfg, on_validate=lambda s, st: depths.append(len(st.total)) or False, progress=False)
+    assert depths == [3, 3]
+
+
+def test_targets_outside_the_draft_vocabulary_count_as_rejections():
+    """Offline acceptance counts an out-of-vocabulary target as the rejection it is online."""
+    from drafter.loss import ttt_loss
+
+    vocab, draft = 8, 4
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[:draft] = True
+    d2t = torch.zeros(draft, dtype=torch.long)
+    tokens = torch.tensor([[0, 1, 2, 3, 7, 1]])  # 7 lies outside the draft vocabulary
+    logits = torch.full((1, 6, draft), -10.0)
+    for p in range(5):  # the drafter predicts every in-vocabulary next token right
+        nxt = int(tokens[0, p + 1])
+        if nxt < draft:
+            logits[0, p, nxt] = 10.0
+    mask = torch.ones(1, 6, dtype=torch.bool)
+    _, _, stats = ttt_loss([logits], torch.zeros(1, 6, draft), tokens, mask, t2d, d2t)
+    assert stats.total.tolist() == [5.0] and stats.correct.tolist() == [4.0]
+    assert stats.conditional_acceptance[0] == pytest.approx(0.8)  # not 1.0: the OOV position is a miss

@@ -1,0 +1,174 @@
+"""The training step against SpecForge's, side by side on this CPU: drafter forward over all TTT
+steps, soft cross-entropy against the target's draft-vocabulary distribution, backward, AdamW, at the
+medium config (hidden 1024, intermediate 2816, 8 heads, vocabulary 32000, draft vocabulary 8000,
+sequence 512, TTT 3), in fp32 and in bf16 autocast.
+
+SpecForge's modules (`specforge/modeling/draft/llama3_eagle.py`, the TTT loop of
+`specforge/algorithms/eagle3/model.py`: embed, project, backbone with its hidden-state cache, logits,
+shift) are imported from a checkout when one is present (SPECFORGE_SRC, a folder holding the
+`specforge` package; e.g. `git archive` of sgl-project/SpecForge); its Triton loss cannot run on a
+CPU, so both sides use the same plain-torch soft cross-entropy. No SpecForge code is in this project.
+
+    SPECFORGE_SRC=/path/to/SpecForge python -m bench.specforge_step
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from bench._common import write_results
+from drafter.config import DrafterConfig
+from drafter.loss import target_draft_logits, ttt_loss
+from drafter.model import Eagle3Drafter
+
+MEDIUM = dict(hidden=1024, intermediate=2816, heads=8, kv_heads=8, vocab=32000, draft_vocab=8000, seq=512, ttt=3)
+BATCH, WARMUP, REPS = 1, 1, 3
+
+
+def load_specforge():
+    src = os.environ.get("SPECFORGE_SRC")
+    if not src or not (Path(src) / "specforge").is_dir():
+        return None
+    sys.path.insert(0, src)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
+        from specforge.utils import padding
+    return LlamaForCausalLMEagle3, padding
+
+
+def inputs(m: dict, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, m["vocab"], (BATCH, m["seq"]), generator=g)
+    aux = torch.randn(BATCH, m["seq"], 3 * m["hidden"], generator=g)
+    last = torch.randn(BATCH, m["seq"], m["hidden"], generator=g)
+    head = torch.randn(m["vocab"], m["hidden"], generator=g) * 0.02
+    t2d = torch.zeros(m["vocab"], dtype=torch.bool)
+    t2d[: m["draft_vocab"]] = True
+    d2t = torch.zeros(m["draft_vocab"], dtype=torch.long)
+    mask = torch.ones(BATCH, m["seq"], dtype=torch.bool)
+    return ids, aux, last, head, t2d, d2t, mask
+
+
+def ours(m: dict):
+    cfg = DrafterConfig(
+        hidden_size=m["hidden"], intermediate_size=m["intermediate"], num_attention_heads=m["heads"],
+        num_key_value_heads=m["kv_heads"], vocab_size=m["vocab"], draft_vocab_size=m["draft_vocab"],
+        aux_layer_ids=[1, 2, 3], max_position_embeddings=4096,
+    )  # fmt: skip
+    model = Eagle3Drafter(cfg)
+    model.init_weights(0)
+    model.embed_tokens.weight.requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    ids, aux, last, head, t2d, d2t, mask = inputs(m)
+    model.t2d.copy_(t2d)
+    model.d2t.copy_(d2t)
+    rows = head[t2d]
+
+    def step():
+        logits = model(ids, aux, mask, ttt_length=m["ttt"])
+        loss, _, _ = ttt_loss(logits, target_draft_logits(last, rows), ids, mask, model.t2d, model.d2t)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def specforge(m: dict, api):
+    from transformers.models.llama.configuration_llama import LlamaConfig
+
+    cls, padding = api
+    cfg = LlamaConfig(
+        hidden_size=m["hidden"], intermediate_size=m["intermediate"], num_attention_heads=m["heads"],
+        num_key_value_heads=m["kv_heads"], vocab_size=m["vocab"], max_position_embeddings=4096,
+        rms_norm_eps=1e-6, num_hidden_layers=1, pad_token_id=0,
+    )  # fmt: skip
+    cfg.draft_vocab_size = m["draft_vocab"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = cls(cfg, attention_backend="sdpa")
+    model.embed_tokens.weight.requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    ids, aux, last, head, t2d, _, mask = inputs(m)
+    rows = head[t2d]
+
+    def step():  # SpecForge's OnlineEagle3Model TTT loop (sdpa backend) with a plain-torch loss
+        target_p = torch.softmax(target_draft_logits(last, rows), dim=-1)
+        hidden = model.project_hidden_states(aux)
+        b, t = ids.shape
+        position_ids = torch.arange(t).unsqueeze(0)
+        attn = model.prepare_decoder_attention_mask(mask, hidden, b, t, 0)
+        cache_hidden = [[], []]
+        step_ids, tp, pm = ids, target_p, mask.float()
+        loss = hidden.new_zeros(())
+        for idx in range(m["ttt"]):
+            emb = model.embed_input_ids(step_ids).to(hidden.dtype)
+            hidden = model.backbone(emb, hidden, cache_hidden, attn, position_ids)
+            logp = F.log_softmax(model.compute_logits(hidden).float(), dim=-1)
+            ce = -(tp * logp).sum(-1)
+            loss = loss + 0.8**idx * (ce * pm).sum() / pm.sum().clamp(min=1)
+            step_ids, tp, pm = padding(step_ids, left=False), padding(tp, left=False), padding(pm, left=False)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def timed(step, bf16: bool) -> float:
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else torch.autocast("cpu", enabled=False)
+    with ctx:
+        t0 = time.perf_counter()
+        step()
+        return time.perf_counter() - t0
+
+
+def main() -> None:
+    api = load_specforge()
+    m = MEDIUM
+    tokens = BATCH * m["seq"]
+    rows, notes = [], []
+    if api is None:
+        notes.append("SpecForge not present (set SPECFORGE_SRC to a checkout): only this project's step measured.")
+    for bf16 in (False, True):
+        sides = {"drafterops": ours(m)}
+        if api is not None:
+            sides["SpecForge"] = specforge(m, api)
+        for step in sides.values():
+            for _ in range(WARMUP):
+                timed(step, bf16)
+        seconds: dict[str, list[float]] = {k: [] for k in sides}
+        for _ in range(REPS):  # interleaved, so machine load falls on both alike
+            for name, step in sides.items():
+                seconds[name].append(timed(step, bf16))
+        best = {k: min(v) for k, v in seconds.items()}
+        precision = "bf16 autocast" if bf16 else "fp32"
+        for name, s in best.items():
+            rows.append(
+                {
+                    "step": name,
+                    "precision": precision,
+                    "seconds_per_step": f"{s:.3f}",
+                    "tokens_per_s": f"{tokens / s:.0f}",
+                    "speed-up vs SpecForge": f"{best['SpecForge'] / s:.2f}x" if "SpecForge" in best else "n/a",
+                }
+            )
+    notes.append(
+        f"medium drafter (hidden {m['hidden']}, intermediate {m['intermediate']}, {m['heads']} heads, vocab "
+        f"{m['vocab']}, draft vocab {m['draft_vocab']}), batch {BATCH} x {m['seq']}, TTT {m['ttt']}; forward over "
+        f"all TTT steps + soft cross-entropy + backward + AdamW; best of {REPS} interleaved steps after {WARMUP} "
+        f"warm-up, torch {torch.__version__}, {torch.get_num_threads()} threads."
+    )
+    print(write_results("specforge_step", rows, " ".join(notes)).read_text())
+
+
+if __name__ == "__main__":
+    main()

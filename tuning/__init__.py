@@ -1,0 +1,1 @@
+"""The Optuna study behind `finetune`: search space, sampler and storage, trials and their ranks."""
