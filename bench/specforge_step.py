@@ -30,6 +30,9 @@ from drafter.model import Eagle3Drafter
 
 MEDIUM = dict(hidden=1024, intermediate=2816, heads=8, kv_heads=8, vocab=32000, draft_vocab=8000, seq=512, ttt=3)
 BATCH, WARMUP, REPS = 1, 1, 3
+# trained (assistant) share of the positions: a conversation's prompt is context, never a target. 1.0
+# scores every position; 0.5 is the mini world's conversations (48 prompt + 48 reply tokens).
+ASSISTANT_SHARES = (1.0, 0.5)
 
 
 def load_specforge():
@@ -44,7 +47,7 @@ def load_specforge():
     return LlamaForCausalLMEagle3, padding
 
 
-def inputs(m: dict, seed: int = 0):
+def inputs(m: dict, share: float, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, m["vocab"], (BATCH, m["seq"]), generator=g)
     aux = torch.randn(BATCH, m["seq"], 3 * m["hidden"], generator=g)
@@ -53,11 +56,12 @@ def inputs(m: dict, seed: int = 0):
     t2d = torch.zeros(m["vocab"], dtype=torch.bool)
     t2d[: m["draft_vocab"]] = True
     d2t = torch.zeros(m["draft_vocab"], dtype=torch.long)
-    mask = torch.ones(BATCH, m["seq"], dtype=torch.bool)
+    mask = torch.zeros(BATCH, m["seq"], dtype=torch.bool)
+    mask[:, m["seq"] - int(share * m["seq"]) :] = True  # the prompt first, then the assistant's reply
     return ids, aux, last, head, t2d, d2t, mask
 
 
-def ours(m: dict):
+def ours(m: dict, share: float):
     cfg = DrafterConfig(
         hidden_size=m["hidden"], intermediate_size=m["intermediate"], num_attention_heads=m["heads"],
         num_key_value_heads=m["kv_heads"], vocab_size=m["vocab"], draft_vocab_size=m["draft_vocab"],
@@ -67,13 +71,13 @@ def ours(m: dict):
     model.init_weights(0)
     model.embed_tokens.weight.requires_grad_(False)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-    ids, aux, last, head, t2d, d2t, mask = inputs(m)
+    ids, aux, last, head, t2d, d2t, mask = inputs(m, share)
     model.t2d.copy_(t2d)
     model.d2t.copy_(d2t)
     rows = head[t2d]
 
     def step():
-        logits = model(ids, aux, mask, ttt_length=m["ttt"])
+        logits = model(ids, aux, None, ttt_length=m["ttt"], pred_mask=mask)
         loss, _, _ = ttt_loss(logits, target_draft_logits(last, rows), ids, mask, model.t2d, model.d2t)
         loss.backward()
         opt.step()
@@ -82,7 +86,7 @@ def ours(m: dict):
     return step
 
 
-def specforge(m: dict, api):
+def specforge(m: dict, share: float, api):
     from transformers.models.llama.configuration_llama import LlamaConfig
 
     cls, padding = api
@@ -97,7 +101,7 @@ def specforge(m: dict, api):
         model = cls(cfg, attention_backend="sdpa")
     model.embed_tokens.weight.requires_grad_(False)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-    ids, aux, last, head, t2d, _, mask = inputs(m)
+    ids, aux, last, head, t2d, _, mask = inputs(m, share)
     rows = head[t2d]
 
     def step():  # SpecForge's OnlineEagle3Model TTT loop (sdpa backend) with a plain-torch loss
@@ -105,7 +109,7 @@ def specforge(m: dict, api):
         hidden = model.project_hidden_states(aux)
         b, t = ids.shape
         position_ids = torch.arange(t).unsqueeze(0)
-        attn = model.prepare_decoder_attention_mask(mask, hidden, b, t, 0)
+        attn = model.prepare_decoder_attention_mask(torch.ones_like(mask), hidden, b, t, 0)
         cache_hidden = [[], []]
         step_ids, tp, pm = ids, target_p, mask.float()
         loss = hidden.new_zeros(())
@@ -138,29 +142,30 @@ def main() -> None:
     rows, notes = [], []
     if api is None:
         notes.append("SpecForge not present (set SPECFORGE_SRC to a checkout): only this project's step measured.")
-    for bf16 in (False, True):
-        sides = {"drafterops": ours(m)}
-        if api is not None:
-            sides["SpecForge"] = specforge(m, api)
-        for step in sides.values():
-            for _ in range(WARMUP):
-                timed(step, bf16)
-        seconds: dict[str, list[float]] = {k: [] for k in sides}
-        for _ in range(REPS):  # interleaved, so machine load falls on both alike
-            for name, step in sides.items():
-                seconds[name].append(timed(step, bf16))
-        best = {k: min(v) for k, v in seconds.items()}
-        precision = "bf16 autocast" if bf16 else "fp32"
-        for name, s in best.items():
-            rows.append(
-                {
-                    "step": name,
-                    "precision": precision,
-                    "seconds_per_step": f"{s:.3f}",
-                    "tokens_per_s": f"{tokens / s:.0f}",
-                    "speed-up vs SpecForge": f"{best['SpecForge'] / s:.2f}x" if "SpecForge" in best else "n/a",
-                }
-            )
+    for share in ASSISTANT_SHARES:
+        for bf16 in (False, True):
+            sides = {"drafterops": ours(m, share)}
+            if api is not None:
+                sides["SpecForge"] = specforge(m, share, api)
+            for step in sides.values():
+                for _ in range(WARMUP):
+                    timed(step, bf16)
+            seconds: dict[str, list[float]] = {k: [] for k in sides}
+            for _ in range(REPS):  # interleaved, so machine load falls on both alike
+                for name, step in sides.items():
+                    seconds[name].append(timed(step, bf16))
+            best = {k: min(v) for k, v in seconds.items()}
+            for name, s in best.items():
+                rows.append(
+                    {
+                        "step": name,
+                        "precision": "bf16 autocast" if bf16 else "fp32",
+                        "trained positions": f"{share:.0%}",
+                        "seconds_per_step": f"{s:.3f}",
+                        "tokens_per_s": f"{tokens / s:.0f}",
+                        "speed-up vs SpecForge": f"{best['SpecForge'] / s:.2f}x" if "SpecForge" in best else "n/a",
+                    }
+                )
     notes.append(
         f"medium drafter (hidden {m['hidden']}, intermediate {m['intermediate']}, {m['heads']} heads, vocab "
         f"{m['vocab']}, draft vocab {m['draft_vocab']}), batch {BATCH} x {m['seq']}, TTT {m['ttt']}; forward over "

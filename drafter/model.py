@@ -113,6 +113,58 @@ class MidLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+def _step_positions(
+    pred_mask: torch.Tensor | None, steps: int, b: int, t: int, device: torch.device
+) -> tuple[list[torch.Tensor | None], list[torch.Tensor]]:
+    """(where each TTT step is scored, where each step must run). Step j at position t is scored
+    against the prediction at t+j+1; a step runs where it or any later step is scored."""
+    if pred_mask is None:
+        every = torch.ones(b, t, dtype=torch.bool, device=device)
+        return [None] * steps, [every] * steps
+    scored = []
+    for j in range(steps):
+        s = torch.zeros(b, t, dtype=torch.bool, device=device)
+        if j + 1 < t:
+            s[:, : t - j - 1] = pred_mask[:, j + 1 :].bool()
+        scored.append(s)
+    needed, acc = [], torch.zeros(b, t, dtype=torch.bool, device=device)
+    for s in reversed(scored):
+        acc = acc | s
+        needed.append(acc)
+    return scored, needed[::-1]
+
+
+def _compact(mask: torch.Tensor) -> torch.Tensor:
+    """[B, M] positions per row: the row's True positions in order, then (to pad rows to the longest,
+    M) positions that are False, whose results nothing reads. M >= 1."""
+    b, t = mask.shape
+    m = max(int(mask.sum(1).max()), 1)
+    if m == t:
+        return torch.arange(t, device=mask.device)[None].expand(b, t)
+    key = (~mask).long() * t + torch.arange(t, device=mask.device)[None]
+    return torch.argsort(key, dim=1)[:, :m]
+
+
+def _take(x: torch.Tensor, rows: torch.Tensor, dim: int) -> torch.Tensor:
+    """x gathered at positions `rows` [B, M] along `dim` (1 for [B, T, ...], 2 for [B, h, T, d])."""
+    if rows.shape[1] == x.shape[dim]:
+        return x
+    shape = list(rows.shape) if dim == 1 else [rows.shape[0], 1, rows.shape[1]]
+    index = rows.view(*shape, *([1] * (x.dim() - len(shape)))).expand(
+        *x.shape[:dim], rows.shape[1], *x.shape[dim + 1 :]
+    )
+    return torch.gather(x, dim, index)
+
+
+def _put(full: torch.Tensor, part: torch.Tensor, rows: torch.Tensor, dim: int) -> torch.Tensor:
+    """`full` with `part` written at positions `rows` along `dim` (a new tensor; autograd-safe)."""
+    if rows.shape[1] == full.shape[dim]:
+        return part
+    shape = list(rows.shape) if dim == 1 else [rows.shape[0], 1, rows.shape[1]]
+    index = rows.view(*shape, *([1] * (part.dim() - len(shape)))).expand_as(part)
+    return full.scatter(dim, index, part)
+
+
 @dataclass
 class DraftCache:
     """Step-0 keys/values of the positions the drafter has seen, for decoding (batch of one)."""
@@ -174,50 +226,68 @@ class Eagle3Drafter(nn.Module):
         attention_mask: torch.Tensor | None = None,
         ttt_length: int = 1,
         noise_std: float = 0.0,
+        pred_mask: torch.Tensor | None = None,
     ) -> list[torch.Tensor]:
         """Unrolled TTT forward; returns draft-vocab logits [B, T, Vd] for each step.
 
         input_ids[b, t] is token t of the sample, aux_hidden[b, t] the target's aux features at t.
         Step j at position t embeds token t+j+1 (teacher forced) and predicts the target's
         distribution at position t+j+1; padding (attention_mask 0) is never attended to.
+
+        With `pred_mask` (the positions whose prediction is trained, as ttt_loss reads them), a step
+        computes only what the loss or a later step reads: step j's logits where step j is scored,
+        its attention and MLP where step j or a later one is (a prompt position is never scored, so
+        only step 0's keys and values cover it). The logits elsewhere are 0 and carry no gradient.
         """
         b, t = input_ids.shape
         dtype = self.fc.weight.dtype
         if noise_std > 0:
             aux_hidden = aux_hidden + noise_std * torch.randn_like(aux_hidden)
         hidden = self.fc(aux_hidden.to(dtype))
-        pos = torch.arange(t, device=input_ids.device)[None].expand(b, t)
-        key_ok = torch.ones(b, t, dtype=torch.bool, device=input_ids.device)
-        if attention_mask is not None:
-            key_ok = attention_mask.bool()
-        causal = torch.tril(torch.ones(t, t, dtype=torch.bool, device=input_ids.device))
+        device = input_ids.device
+        pos = torch.arange(t, device=device)[None].expand(b, t)
+        key_ok = torch.ones(b, t, dtype=torch.bool, device=device) if attention_mask is None else attention_mask.bool()
+        causal = torch.tril(torch.ones(t, t, dtype=torch.bool, device=device))
         allowed0 = causal[None] & key_ok[:, None, :]  # [B, Tq, Tk]
+        scored, needed = _step_positions(pred_mask, ttt_length, b, t, device)
         attn = self.midlayer.self_attn
         scale = 1.0 / math.sqrt(attn.head_dim)
         keys0 = values0 = None
-        diag_k: list[torch.Tensor] = []
+        diag_k: list[torch.Tensor] = []  # full layout [B, h, T, d]; read only where later steps run
         diag_v: list[torch.Tensor] = []
         outs = []
         for j in range(ttt_length):
             ids = F.pad(input_ids[:, j + 1 :], (0, j + 1), value=0)
-            x = self.midlayer.attn_input(self.embed_tokens(ids).to(dtype), hidden)
-            cos, sin = self.rotary(pos + j, dtype)
-            q, k, v = attn.qkv(x, cos, sin)
-            if j == 0:
+            rows = _compact(needed[j])  # [B, M] positions this step computes (M == T: all)
+            if j == 0:  # keys and values of every position: every later query attends to them
+                x = self.midlayer.attn_input(self.embed_tokens(ids).to(dtype), hidden)
+                cos, sin = self.rotary(pos, dtype)
+                q, k, v = attn.qkv(x, cos, sin)
                 keys0, values0 = attn.expand_kv(k), attn.expand_kv(v)
+                q = _take(q, rows, dim=2)
             else:
-                diag_k.append(attn.expand_kv(k))
-                diag_v.append(attn.expand_kv(v))
-            scores = torch.matmul(q, keys0.transpose(-1, -2)) * scale  # [B, h, T, T]
-            scores = scores.masked_fill(~allowed0[:, None], torch.finfo(scores.dtype).min)
-            diag = [(q * dk).sum(-1, keepdim=True) * scale for dk in diag_k]  # each [B, h, T, 1]
+                x = self.midlayer.attn_input(
+                    self.embed_tokens(_take(ids, rows, dim=1)).to(dtype), _take(hidden, rows, dim=1)
+                )
+                cos, sin = self.rotary(_take(pos, rows, dim=1) + j, dtype)
+                q, k, v = attn.qkv(x, cos, sin)
+                diag_k.append(_put(torch.zeros_like(keys0), attn.expand_kv(k), rows, dim=2))
+                diag_v.append(_put(torch.zeros_like(values0), attn.expand_kv(v), rows, dim=2))
+            scores = torch.matmul(q, keys0.transpose(-1, -2)) * scale  # [B, h, M, T]
+            scores = scores.masked_fill(~_take(allowed0, rows, dim=1)[:, None], torch.finfo(scores.dtype).min)
+            diag = [(q * _take(dk, rows, dim=2)).sum(-1, keepdim=True) * scale for dk in diag_k]  # [B, h, M, 1]
             probs = torch.softmax(torch.cat([scores, *diag], dim=-1).float(), dim=-1).to(q.dtype)
             out = torch.matmul(probs[..., :t], values0)
             for i, dv in enumerate(diag_v):
-                out = out + probs[..., t + i : t + i + 1] * dv
-            out = out.transpose(1, 2).reshape(b, t, -1)
-            hidden = self.midlayer.finish(out, hidden)
-            outs.append(self.logits(hidden))
+                out = out + probs[..., t + i : t + i + 1] * _take(dv, rows, dim=2)
+            out = out.transpose(1, 2).reshape(b, rows.shape[1], -1)
+            hidden = _put(hidden, self.midlayer.finish(out, _take(hidden, rows, dim=1)), rows, dim=1)
+            if scored[j] is None:
+                outs.append(self.logits(hidden))
+            else:
+                at = _compact(scored[j])
+                logits = self.logits(_take(hidden, at, dim=1))
+                outs.append(_put(logits.new_zeros(b, t, logits.shape[-1]), logits, at, dim=1))
         return outs
 
     # ------------------------------------------------------------------ decoding

@@ -232,14 +232,12 @@ def offline_stats(
     dtype = next(model.parameters()).dtype
     for start in range(0, len(indices), batch_size):
         batch = collate([dataset[i] for i in indices[start : start + batch_size]], max_len)
-        steps = model(batch.input_ids, batch.aux_hidden.to(dtype), batch.attention_mask, ttt_length=ttt_length)
+        mask = pred_mask_from_loss_mask(batch.loss_mask) & batch.attention_mask
+        steps = model(
+            batch.input_ids, batch.aux_hidden.to(dtype), batch.attention_mask, ttt_length=ttt_length, pred_mask=mask
+        )
         _, _, stats = ttt_loss(
-            steps,
-            target_draft_logits(batch.last_hidden, head_rows),
-            batch.target_token,
-            pred_mask_from_loss_mask(batch.loss_mask) & batch.attention_mask,
-            model.t2d,
-            model.d2t,
+            steps, target_draft_logits(batch.last_hidden, head_rows), batch.target_token, mask, model.t2d, model.d2t
         )
         total = stats if total is None else total + stats
     model.train(was_training)
@@ -325,14 +323,15 @@ def train(
         mine = rank_share(batch_indices(train_idx, cfg.batch_size, cfg.seed, step), rank, world)
         batch = collate([dataset[i] for i in mine], cfg.max_len)
         aux = batch.aux_hidden.to(device, dtype)
+        mask = (pred_mask_from_loss_mask(batch.loss_mask) & batch.attention_mask).to(device)
         steps = engine(
             batch.input_ids.to(device),
             aux,
             batch.attention_mask.to(device),
             ttt_length=cfg.ttt_length,
             noise_std=cfg.noise_std,
+            pred_mask=mask,  # compute only what the loss reads
         )
-        mask = (pred_mask_from_loss_mask(batch.loss_mask) & batch.attention_mask).to(device)
         target_token = batch.target_token.to(device)
         counts = loss_positions(target_token, mask, engine.module.t2d, cfg.ttt_length)
         step_tokens = torch.tensor([float(batch.num_tokens)])

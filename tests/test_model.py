@@ -91,8 +91,8 @@ def test_ttt_loss_falls_and_accuracy_rises_when_overfitting_one_batch():
     model = tiny_drafter(seed=2)
     ids, aux, last, head = _batch(model, b=2, t=20, seed=1)
     head_rows = head[model.t2d]
-    target_logits = last @ head.T
-    target_token = target_logits.argmax(-1)
+    draft = (last @ head_rows.T).argmax(-1)
+    target_token = model.draft_to_target(draft)  # every target proposable (an OOV one is a sure miss)
     pred_mask = torch.ones(2, 20, dtype=torch.bool)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
     history = []
@@ -141,3 +141,39 @@ def test_step_stats_conditional_acceptance_and_sim_accept_len():
 def test_pred_mask_shifts_assistant_mask():
     lm = torch.tensor([0, 0, 1, 1, 0, 1])
     assert pred_mask_from_loss_mask(lm).tolist() == [False, True, True, False, True, False]
+
+
+def test_ttt_forward_on_the_scored_positions_only_gives_the_same_loss_and_gradients():
+    """With pred_mask the forward skips what no loss reads (prompt positions after step 0's keys):
+    the loss, its gradients and the counts equal the full computation's."""
+    from drafter.loss import pred_mask_from_loss_mask, ttt_loss
+
+    torch.manual_seed(0)
+    model = tiny_drafter(seed=3)
+    b, t, vd = 2, 24, model.config.draft_vocab_size
+    ids = torch.randint(0, model.config.vocab_size, (b, t))
+    aux = torch.randn(b, t, 3 * model.config.hidden_size)
+    attention = torch.ones(b, t, dtype=torch.bool)
+    attention[1, 20:] = False  # a padded row
+    loss_mask = torch.zeros(b, t, dtype=torch.bool)
+    loss_mask[0, 10:] = True  # an assistant turn after a prompt
+    loss_mask[1, 5:9] = True
+    loss_mask[1, 14:18] = True
+    mask = pred_mask_from_loss_mask(loss_mask) & attention
+    target = torch.randn(b, t, vd)
+    tokens = torch.randint(0, model.config.vocab_size, (b, t))
+
+    def run(sparse: bool):
+        model.zero_grad()
+        steps = model(ids, aux, attention, ttt_length=3, pred_mask=mask if sparse else None)
+        loss, _, stats = ttt_loss(steps, target, tokens, mask, model.t2d, model.d2t)
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return loss.detach(), grads, stats
+
+    full, sparse = run(False), run(True)
+    assert torch.allclose(full[0], sparse[0], atol=1e-5)
+    assert full[1].keys() == sparse[1].keys()
+    for name in full[1]:
+        assert torch.allclose(full[1][name], sparse[1][name], atol=1e-5), name
+    assert torch.equal(full[2].correct, sparse[2].correct) and torch.equal(full[2].chain_total, sparse[2].chain_total)
