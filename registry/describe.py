@@ -12,6 +12,7 @@ ORDER = (
     "aliases",
     "promotion",
     "evaluation",
+    "probe",
     "shape_gate",
     "contents",
 )  # the decision first, the inventory last

@@ -50,6 +50,18 @@ def tiny_drafter(seed: int = 0, **overrides) -> Eagle3Drafter:
     return model
 
 
+def save_tiny_drafter(folder: Path, target: Path, seed: int = 2) -> Path:
+    """A tiny drafter for the tiny target (its vocabulary, aux layers 0-2), saved without embedding."""
+    import json
+
+    from drafter.checkpoint import save_drafter
+
+    vocab = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
+    drafter = tiny_drafter(seed=seed, vocab_size=vocab, draft_vocab_size=128, aux_layer_ids=[0, 1, 2])
+    save_drafter(drafter, folder, include_embedding=False)
+    return folder
+
+
 @pytest.fixture
 def drafter_factory():
     return tiny_drafter

@@ -32,17 +32,11 @@ def test_online_result_statistics():
 
 @pytest.fixture(scope="module")
 def registered(tiny_targets, tmp_path_factory):
-    from drafter.checkpoint import save_drafter
-    from tests.conftest import tiny_drafter
+    from tests.conftest import save_tiny_drafter
 
     tmp = tmp_path_factory.mktemp("eval")
     flat, wrapped = tiny_targets
-    vocab = json.loads((flat / "config.json").read_text())["vocab_size"]
-    save_drafter(
-        tiny_drafter(seed=2, vocab_size=vocab, draft_vocab_size=128, aux_layer_ids=[0, 1, 2]),
-        tmp / "d",
-        include_embedding=False,
-    )
+    save_tiny_drafter(tmp / "d", flat)
     res = run_step("import_drafter", ["--source", str(tmp / "d"), "--target", str(wrapped)], tmp)
     assert res.returncode == 0, res.stderr[-2000:]
     return tmp

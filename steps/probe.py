@@ -1,0 +1,132 @@
+"""`probe`: will a drafter trained on one target transfer to another? On the same prompts, how close
+the new target's hidden states are to the old one's at each aux layer the drafter reads (mean cosine,
+linear CKA) and after the final norm, how often the two pick the same next token, and the drafter's
+zero-shot offline acceptance on each (as evaluate's offline column computes it)."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from drafter.errors import BadInput
+from steps._cli import log_params, parser, run_step, step_run
+from steps.import_drafter import MINIWORLD
+
+
+def build() -> argparse.ArgumentParser:
+    p = parser("probe", __doc__)
+    p.add_argument("--drafter", default="models:/k2.5-mini-eagle3@imported", help="registry URI, folder or hub id")
+    p.add_argument("--old_target", default=str(MINIWORLD / "k2-mini"), help="the target the drafter was trained on")
+    p.add_argument("--new_target", default=str(MINIWORLD / "k2.5-mini"), help="the target it should serve")
+    p.add_argument("--prompts", default=str(MINIWORLD / "prompts" / "k2.5-val.jsonl"))
+    p.add_argument("--limit", default="40", help="prompts to use (0: all)")
+    p.add_argument("--profile", default="kimi-k2.5-8xrtxpro6000", help="zero-shot acceptance at its draft steps")
+    p.add_argument("--max_len", default="512")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    return p
+
+
+def _int(value: str, name: str, low: int = 0) -> int:
+    try:
+        out = int(value)
+    except ValueError:
+        raise BadInput(f"--{name} must be an integer, got {value!r}") from None
+    if out < low:
+        raise BadInput(f"--{name} must be >= {low}, got {out}")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    import mlflow
+
+    from drafter.capture import capture, plan_capture
+    from drafter.checkpoint import load_drafter
+    from drafter.cost import load_profile
+    from drafter.data import HiddenStateDataset
+    from drafter.probe import compare, figure, verdict
+    from drafter.prompts import read_prompts
+    from drafter.target import load_target
+    from drafter.train import attach_target_embedding, check_fit, offline_stats
+    from steps.evaluate import resolve
+
+    limit, max_len = _int(args.limit, "limit"), _int(args.max_len, "max_len", 2)
+    profile = load_profile(args.profile)
+    k = profile.draft_steps
+    records = read_prompts(args.prompts, limit or None)
+    folder, mv = resolve(args.drafter)
+    drafter = load_drafter(folder)
+    layers = list(drafter.config.aux_layer_ids)
+    zero_shot, datasets = {}, {}
+    with tempfile.TemporaryDirectory(prefix="drafterops-probe-") as tmp:
+        for side, path in (("old", args.old_target), ("new", args.new_target)):
+            target = load_target(path)
+            target.check_layer_ids(layers)
+            meta = {"target": str(path), "layer_ids": layers, "hidden_size": target.config.hidden_size,
+                    "vocab_size": target.config.vocab_size}  # fmt: skip
+            capture(target, plan_capture(target, records, max_len), Path(tmp) / side, layers, meta,
+                    progress=args.progress)  # fmt: skip
+            del target  # one target in memory at a time
+            ds = datasets[side] = HiddenStateDataset(Path(tmp) / side)
+            check_fit(drafter.config, ds)
+            attach_target_embedding(drafter, ds)
+            rows = ds.target_head()[drafter.t2d].float()
+            zero_shot[side] = offline_stats(drafter.eval(), ds, list(range(len(ds))), rows, k)
+        try:
+            sim = compare(datasets["old"], datasets["new"], layers)
+        except ValueError as exc:
+            raise BadInput(f"{args.old_target} vs {args.new_target}: {exc}") from None
+    old, new = zero_shot["old"], zero_shot["new"]
+    line = verdict(sim, old.sim_accept_len, new.sim_accept_len)
+    table = "\n".join(
+        ["| states | mean cosine | linear CKA |", "|---|---|---|"]
+        + [f"| {'layer ' + s.layer if s.layer != 'final' else 'final norm'} | {s.cosine:.3f} | {s.cka:.3f} |"
+           for s in sim.layers]
+        + ["", "| zero-shot | " + " | ".join(f"acc_pos_{i}" for i in range(k)) + " | sim_accept_len |",
+           "|---|" + "---|" * (k + 1)]
+        + [f"| {side} target | " + " | ".join(f"{a:.3f}" for a in st.conditional_acceptance)
+           + f" | {st.sim_accept_len:.3f} |" for side, st in (("old", old), ("new", new))]
+    )  # fmt: skip
+    label = f"{mv.name} v{mv.version}" if mv is not None else Path(folder).name
+    old_name, new_name = Path(str(args.old_target)).name, Path(str(args.new_target)).name
+    print(f"probe {label}: {old_name} -> {new_name} on {sim.tokens} tokens\n\n{table}\n\nprobe: {line}")
+    with step_run("probe", run_name=f"probe {label}: {old_name} -> {new_name}"):
+        log_params({"drafter": args.drafter, "old_target": args.old_target, "new_target": args.new_target,
+                    "prompts": args.prompts, "limit": limit, "profile": profile.name, "draft_steps": k,
+                    "max_len": max_len})  # fmt: skip
+        metrics = {f"probe_cos_{s.layer}": s.cosine for s in sim.layers}
+        metrics |= {f"probe_cka_{s.layer}": s.cka for s in sim.layers}
+        metrics |= {"probe_token_agreement": sim.token_agreement, "zero_shot_sim_accept_len_old": old.sim_accept_len,
+                    "zero_shot_sim_accept_len_new": new.sim_accept_len}  # fmt: skip
+        for side, st in (("old", old), ("new", new)):
+            metrics |= {f"zero_shot_acc_pos_{i}_{side}": a for i, a in enumerate(st.conditional_acceptance)}
+        mlflow.log_metrics(metrics)
+        mlflow.set_tags({"probe.verdict": line, "mlflow.note.content": f"**{line}**\n\n{table}"})
+        mlflow.log_text(table + f"\n\n{line}\n", "probe.md")
+        mlflow.log_figure(
+            figure(sim, old.conditional_acceptance, new.conditional_acceptance, f"{label}: {old_name} -> {new_name}"),
+            "probe.png",
+        )
+        if mv is not None:
+            from registry import describe, store
+
+            c = store.client()
+            run_id = mlflow.active_run().info.run_id
+            tags = {"verdict": line, "run": run_id, "token_agreement": f"{sim.token_agreement:.4f}",
+                    "zero_shot_sim_accept_len": f"{new.sim_accept_len:.4f}",
+                    **{f"cos_{s.layer}": f"{s.cosine:.4f}" for s in sim.layers}}  # fmt: skip
+            for key, value in tags.items():
+                c.set_model_version_tag(mv.name, mv.version, f"probe.{new_name}.{key}", value[:5000])
+            describe.set_section(
+                c, mv.name, mv.version, f"probe:{new_name}",
+                f"## Probe {old_name} -> {new_name}\n\n{line}\n\n{table}\n\nRun `{run_id}`.",
+            )  # fmt: skip
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_step("probe", build, run, argv)
+
+
+if __name__ == "__main__":
+    main()
