@@ -30,15 +30,17 @@ class Curve:
         return float((self.b / (self.a - target)) ** (1.0 / self.c))
 
 
-def fit(n: list[float] | np.ndarray, y: list[float] | np.ndarray) -> Curve:
+def fit(n: list[float] | np.ndarray, y: list[float] | np.ndarray, ceiling: float | None = None) -> Curve:
+    """Least squares; `ceiling` bounds a (with k draft steps accept_len never exceeds k + 1)."""
     from scipy.optimize import curve_fit
 
     n, y = np.asarray(n, dtype=float), np.asarray(y, dtype=float)
     if len(set(n.tolist())) < 3:
         raise ValueError("a saturating curve needs points at 3 or more sizes")
     span = max(float(y.max() - y.min()), 1e-3)
-    p0 = (float(y.max()) + span, span * float(n.min()) ** 0.5, 0.5)
-    bounds = ([float(y.min()), 1e-9, 1e-3], [float(y.max()) + 100 * span, np.inf, 3.0])
+    top = float(y.max()) + 100 * span if ceiling is None else max(float(ceiling), float(y.max()) + 1e-6)
+    p0 = (min(float(y.max()) + span, top - 1e-9), span * float(n.min()) ** 0.5, 0.5)
+    bounds = ([float(y.min()), 1e-9, 1e-3], [top, np.inf, 3.0])
     (a, b, c), _ = curve_fit(lambda x, a, b, c: a - b * np.power(x, -c), n, y, p0=p0, bounds=bounds, maxfev=20000)
     return Curve(float(a), float(b), float(c))
 
@@ -62,10 +64,15 @@ class Estimate:
 
 
 def estimate(
-    n: list[float] | np.ndarray, y: list[float] | np.ndarray, target: float, reps: int = 300, seed: int = 0
+    n: list[float] | np.ndarray,
+    y: list[float] | np.ndarray,
+    target: float,
+    reps: int = 300,
+    seed: int = 0,
+    ceiling: float | None = None,
 ) -> Estimate:
     n, y = np.asarray(n, dtype=float), np.asarray(y, dtype=float)
-    curve = fit(n, y)
+    curve = fit(n, y, ceiling)
     rng = np.random.default_rng(seed)
     needs, ceilings = [], []
     for _ in range(reps):
@@ -73,7 +80,7 @@ def estimate(
         if len(set(n[pick].tolist())) < 3:
             continue
         try:
-            refit = fit(n[pick], y[pick])
+            refit = fit(n[pick], y[pick], ceiling)
         except (RuntimeError, ValueError):  # a resample the optimiser cannot fit
             continue
         ceilings.append(refit.a)

@@ -1,0 +1,186 @@
+"""`scale`: how much data does this drafter need to break even? Train at a ladder of data sizes drawn
+from one captured dataset (several seeds each), warm-started and from scratch, with one set of
+settings and the same token budget per sample; fit accept_len(n) = a - b n^-c to the honest offline
+figure with a bootstrap band, and read off the samples (and the hours and storage to generate them on
+the profile's deployment) for break-even and each row of the `plan` table."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from drafter.errors import BadInput
+from steps._cli import log_params, parser, run_step, step_run
+from steps.import_drafter import MINIWORLD
+from tuning.space import DEFAULT_BASELINE
+
+
+def build() -> argparse.ArgumentParser:
+    p = parser("scale", __doc__)
+    p.add_argument("--init", default="models:/k2.5-mini-eagle3@imported", help="the drafter to warm-start from")
+    p.add_argument("--data", required=True, help="captured training dataset the ladder draws from")
+    p.add_argument("--val_data", required=True, help="captured validation dataset")
+    p.add_argument("--sizes", default="10,20,40,80", help="samples per rung")
+    p.add_argument("--seeds", default="0,1", help="draws (and training seeds) per rung")
+    p.add_argument("--profile", default="kimi-k2.5-8xrtxpro6000")
+    p.add_argument("--tps", default="82,100,150,200", help="plan rows: target tok/s")
+    p.add_argument("--settings", default=str(DEFAULT_BASELINE), help="training settings (YAML of TrainConfig fields)")
+    p.add_argument("--epochs", default="8", help="passes over each rung's samples (the token budget per sample)")
+    p.add_argument("--arch", default=str(MINIWORLD / "aq-mini-eagle3"), help="drafter config for the scratch runs")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    return p
+
+
+def _ints(text: str, name: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise BadInput(f"--{name} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < (1 if name == "sizes" else 0):
+        raise BadInput(f"--{name} needs positive values, got {text!r}")
+    return sorted(set(values))
+
+
+def run(args: argparse.Namespace) -> int:
+    import mlflow
+    import pandas as pd
+
+    from drafter.cost import break_even_accept_len, load_profile, plan_table
+    from drafter.data import HiddenStateDataset
+    from drafter.scaling import estimate, generation_hours, storage_gib
+    from drafter.train import TrainConfig
+    from tuning.ladder import run_point
+    from tuning.register import prepare_init
+    from tuning.space import load_settings
+
+    sizes, seeds = _ints(args.sizes, "sizes"), _ints(args.seeds, "seeds")
+    if len(sizes) < 3:
+        raise BadInput("--sizes needs at least 3 rungs for a saturating fit")
+    try:
+        epochs = float(args.epochs)
+        targets = [float(x) for x in args.tps.split(",") if x.strip()]
+    except ValueError:
+        raise BadInput("--epochs and --tps must be numbers") from None
+    profile = load_profile(args.profile)
+    settings = load_settings(args.settings)
+    base_cfg = TrainConfig(**{**settings, "val_draft_steps": profile.draft_steps})
+    dataset, val = HiddenStateDataset(args.data), HiddenStateDataset(args.val_data)
+    if max(sizes) > len(dataset):
+        raise BadInput(f"--sizes: {max(sizes)} samples asked, {args.data} holds {len(dataset)}")
+    base, _, _ = prepare_init(args.init, dataset, args.arch)
+    _, scratch_cfg, _ = prepare_init("scratch", dataset, args.arch)
+    tokens_per_sample = dataset.index["num_tokens"] / max(len(dataset), 1)
+    on_disk = sum(f.stat().st_size for f in Path(args.data).glob("*") if f.is_file())
+    bytes_per_token = on_disk / max(dataset.index["num_tokens"], 1)
+    be = break_even_accept_len(profile)
+    rows_plan = plan_table(profile, [profile.baseline_tps, *[x for x in targets if x != profile.baseline_tps]])
+    ceiling = profile.draft_steps + 1.0  # k draft steps accept at most k tokens, plus the bonus one
+    with step_run("scale", run_name=f"scale {Path(args.data).name} @ {profile.name}"):
+        log_params({"init": args.init, "data": args.data, "val_data": args.val_data, "sizes": args.sizes,
+                    "seeds": args.seeds, "profile": profile.name, "tps": args.tps, "settings": args.settings,
+                    "epochs": epochs, "val_draft_steps": profile.draft_steps, **settings})  # fmt: skip
+        points = []
+        for start in ("warm", "scratch"):
+            for size in sizes:
+                for seed in seeds:
+                    with mlflow.start_run(run_name=f"{start} n={size} seed {seed}", nested=True):
+                        pt = run_point(start, base, scratch_cfg, dataset, val, base_cfg, size, seed, epochs)
+                        mlflow.log_params({"start": start, "samples": size, "seed": seed, "steps": pt.steps})
+                        mlflow.log_metric("val_sim_accept_len", pt.val_sim_accept_len)
+                    points.append(pt)
+                    print(f"scale: {start} n={size} seed {seed}: val_sim_accept_len {pt.val_sim_accept_len:.3f}")
+        fits, lines = {}, []
+        for start in ("warm", "scratch"):
+            mine = [p for p in points if p.start == start]
+            try:
+                fits[start] = {
+                    row.target_tps: estimate([p.samples for p in mine], [p.val_sim_accept_len for p in mine],
+                                             row.required_accept_len, ceiling=ceiling)
+                    for row in rows_plan
+                }  # fmt: skip
+            except (RuntimeError, ValueError) as exc:
+                mlflow.set_tag(f"scale.{start}.fit", f"failed: {exc}")
+                if start == "warm":
+                    mlflow.set_tag("samples_for_break_even", f"not estimated: the warm fit failed ({exc})")
+        table = ["| start | target tok/s | accept_len needed | samples [90% band] | generation (h) | storage (GiB) |",
+                 "|---|---|---|---|---|---|"]  # fmt: skip
+        for start, by_row in fits.items():
+            for row in rows_plan:
+                est = by_row[row.target_tps]
+                if row.required_accept_len >= ceiling:
+                    cell, hours, gib = (
+                        f"not reachable with {profile.draft_steps} draft steps (max {ceiling:g})",
+                        "-",
+                        "-",
+                    )
+                elif est.reachable:
+                    high = f"{est.high:,.0f}" if est.high < 1e12 else "beyond 1e12"
+                    cell = f"{est.samples:,.0f} [{est.low:,.0f}, {high}]"
+                    hours = f"{generation_hours(est.samples, tokens_per_sample, profile.baseline_tps):.2f}"
+                    gib = f"{storage_gib(est.samples, tokens_per_sample, round(bytes_per_token)):.3f}"
+                else:
+                    cell, hours, gib = f"not reachable (curve ceiling {est.curve.a:.2f})", "-", "-"
+                table.append(
+                    f"| {start} | {row.target_tps:g} | {row.required_accept_len:.2f} | {cell} | {hours} | {gib} |"
+                )
+        metrics = {}
+        warm = fits.get("warm", {}).get(profile.baseline_tps)
+        if warm is not None and warm.reachable:
+            metrics |= {"samples_for_break_even": warm.samples, "samples_for_break_even_low": warm.low,
+                        "samples_for_break_even_high": min(warm.high, 1e15)}  # fmt: skip
+        elif warm is not None:
+            why = (
+                f"not reachable: the warm curve's ceiling {warm.curve.a:.3f} "
+                f"[{warm.ceiling_low:.3f}, {warm.ceiling_high:.3f}] is below break-even {be:.3f}"
+            )
+            mlflow.set_tag("samples_for_break_even", why)
+        for start, by_row in fits.items():
+            curve = by_row[profile.baseline_tps].curve
+            metrics |= {f"curve_{start}_a": curve.a, f"curve_{start}_b": curve.b, f"curve_{start}_c": curve.c}
+        mlflow.log_metrics(metrics)
+        text = "\n".join(table)
+        mlflow.log_text(text + "\n", "scale.md")
+        mlflow.log_table(pd.DataFrame([p.__dict__ for p in points]), artifact_file="ladder.json")
+        mlflow.log_figure(_figure(points, fits, profile, be), "learning_curve.png")
+        lines.append(text)
+        mlflow.set_tag("mlflow.note.content", text)
+    print("\n".join(lines))
+    return 0
+
+
+def _figure(points, fits, profile, be):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = {"warm": "tab:blue", "scratch": "tab:orange"}
+    top = max(p.samples for p in points)
+    for start, color in colors.items():
+        mine = [p for p in points if p.start == start]
+        ax.scatter([p.samples for p in mine], [p.val_sim_accept_len for p in mine], color=color, label=f"{start} runs")
+        if start in fits:
+            est = fits[start][profile.baseline_tps]
+            reach = est.samples if est.reachable else top * 30
+            grid = np.geomspace(min(p.samples for p in mine), max(reach, top) * 1.5, 200)
+            ax.plot(grid, est.curve(grid), color=color, label=f"{start} fit (ceiling {est.curve.a:.2f})")
+            if est.reachable:
+                ax.errorbar([est.samples], [be], xerr=[[est.samples - est.low], [max(est.high - est.samples, 0)]],
+                            fmt="o", color=color, capsize=4)  # fmt: skip
+    ax.axhline(be, color="black", linestyle="--", label=f"break-even {be:.2f} ({profile.name})")
+    ax.set_xscale("log")
+    ax.set_xlabel("training samples (conversations)")
+    ax.set_ylabel(f"val sim_accept_len at {profile.draft_steps} draft steps")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_step("scale", build, run, argv)
+
+
+if __name__ == "__main__":
+    main()
