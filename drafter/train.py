@@ -9,6 +9,7 @@ uninterrupted run would have seen.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -295,6 +296,7 @@ def train(
     torch.manual_seed(cfg.seed)
     model.train()
     head_rows = dataset.target_head()[model.t2d].float()
+    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)  # its per-run notices are noise beside our own logs
     engine, _, _, scheduler = deepspeed.initialize(
         model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_config
     )

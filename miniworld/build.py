@@ -415,6 +415,33 @@ def build_drafter(cfg: BuildConfig, out: Path, aq_records: list[dict], figures: 
         )
 
 
+POOL_CONVERSATIONS = 400  # the scale planner's ladder reaches 320
+
+
+def build_pool(cfg: BuildConfig, out: Path, n: int = POOL_CONVERSATIONS) -> dict:
+    """A larger pool of K2.5 conversations for the data-scaling ladder, written by k2.5-mini itself.
+    Its prompts come from the era-2 training stream (as a real fine-tuning set's prompts need not be
+    held out from the target), so the held-out stream behind k2.5-val and k2.5-test stays untouched."""
+    from transformers import AutoTokenizer
+
+    from drafter.target import load_target
+
+    record_path = out / "build_record.json"
+    record = json.loads(record_path.read_text())
+    if record.get("config") != asdict(cfg):
+        raise SystemExit("--stage pool needs an earlier full build with the same settings")
+    t0 = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(out / "k2.5-mini")
+    _, st, _, _, _ = prepare(cfg, tok)
+    model = load_target(out / "k2.5-mini").model.float().eval()
+    starts = disjoint_starts(len(st["train2"]), cfg.prompt_tokens + 1, [n], random.Random(cfg.seed + 2))[0]
+    write_jsonl(out / "prompts" / "k2.5-pool.jsonl", self_distilled(model, tok, st["train2"], starts, cfg))
+    record["pool"] = {"conversations": n, "prompts_from": "era-2 training stream", "seconds": time.perf_counter() - t0}
+    record["artifacts"]["prompts"] = sha256_tree(out / "prompts")
+    record_path.write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
 def build(cfg: BuildConfig, out: Path, stage: str = "all") -> dict:
     """stage 'all' builds everything; 'drafter' rebuilds aq-mini-eagle3 over an earlier full build."""
     record_path = out / "build_record.json"
@@ -463,9 +490,10 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="a few steps of everything (smoke test, not for use)")
     p.add_argument(
         "--stage",
-        choices=["all", "drafter"],
+        choices=["all", "drafter", "pool"],
         default="all",
-        help="'drafter': retrain aq-mini-eagle3 only, over an earlier full build in --out",
+        help="'drafter': retrain aq-mini-eagle3 only; 'pool': write the K2.5 conversation pool; both over an "
+        "earlier full build in --out",
     )
     args = p.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -482,6 +510,9 @@ def main() -> None:
             k2_val_prompts=8,
             drafter_steps=20,
         )
+    if args.stage == "pool":
+        print(json.dumps(build_pool(cfg, Path(args.out))["pool"], indent=2))
+        return
     record = build(cfg, Path(args.out), args.stage)
     print(json.dumps(record["figures"], indent=2))
 

@@ -137,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
         for start, by_row in fits.items():
             curve = by_row[profile.baseline_tps].curve
             metrics |= {f"curve_{start}_a": curve.a, f"curve_{start}_b": curve.b, f"curve_{start}_c": curve.c}
+        metrics |= half_ladder_check(points, sizes, ceiling)
         mlflow.log_metrics(metrics)
         text = "\n".join(table)
         mlflow.log_text(text + "\n", "scale.md")
@@ -146,6 +147,27 @@ def run(args: argparse.Namespace) -> int:
         mlflow.set_tag("mlflow.note.content", text)
     print("\n".join(lines))
     return 0
+
+
+def half_ladder_check(points, sizes: list[int], ceiling: float) -> dict[str, float]:
+    """How well the curve fitted on the smaller half of the ladder predicts the largest rung (needs 6+
+    rungs): `<start>_half_fit_at_largest` against `<start>_measured_at_largest`."""
+    from drafter.scaling import fit
+
+    if len(sizes) < 6:
+        return {}
+    small, largest = sizes[: len(sizes) // 2], max(sizes)
+    out = {}
+    for start in ("warm", "scratch"):
+        mine = [p for p in points if p.start == start and p.samples in small]
+        measured = [p.val_sim_accept_len for p in points if p.start == start and p.samples == largest]
+        try:
+            curve = fit([p.samples for p in mine], [p.val_sim_accept_len for p in mine], ceiling)
+        except (RuntimeError, ValueError):
+            continue
+        out[f"{start}_half_fit_at_largest"] = float(curve(largest))
+        out[f"{start}_measured_at_largest"] = sum(measured) / len(measured)
+    return out
 
 
 def _figure(points, fits, profile, be):

@@ -64,6 +64,8 @@ def test_prompt_sets_are_disjoint_and_sized_like_the_seed():
     users = {name: {r["messages"][0]["content"] for r in recs} for name, recs in sets.items()}
     assert not users["k2.5-train"] & users["k2.5-val"] and not users["k2.5-train"] & users["k2.5-test"]
     assert not users["k2.5-val"] & users["k2.5-test"]
+    pool = {r["messages"][0]["content"] for r in read_prompts(MW / "prompts" / "k2.5-pool.jsonl")}
+    assert len(pool) >= 320 and not pool & (users["k2.5-val"] | users["k2.5-test"] | users["k2.5-train"])
     assert RECORD["figures"]["aq-mini-eagle3"]["train_samples"] >= 20 * len(sets["k2.5-train"])
 
 
