@@ -65,7 +65,7 @@ def probe(tmp, old, new):
     return run, res.stdout
 
 
-def test_identical_targets_give_cosine_and_cka_one(tiny_targets, world):
+def test_identical_targets_give_cosine_and_cka_one_and_zero_shot_is_evaluates_offline_column(tiny_targets, world):
     flat, wrapped = tiny_targets  # the same weights, saved flat and Kimi-K2.5-style
     run, out = probe(world, flat, wrapped)
     m = run.data.metrics
@@ -77,19 +77,7 @@ def test_identical_targets_give_cosine_and_cka_one(tiny_targets, world):
     assert "expect a warm start to help" in out and "probe.png" in [a.path for a in mlflow.MlflowClient(
         f"sqlite:///{world}/mlflow.db").list_artifacts(run.info.run_id)]  # fmt: skip
 
-
-def test_a_target_with_shuffled_layers_gives_clearly_lower_figures(tiny_targets, world):
-    run, _ = probe(world, world / "deep", world / "shuffled")
-    m = run.data.metrics
-    assert m["probe_cos_0"] == pytest.approx(1.0, abs=1e-3)  # the dense first layer did not move
-    for layer in ("1", "2", "final"):
-        assert m[f"probe_cos_{layer}"] < 0.9 and m[f"probe_cka_{layer}"] < 0.9
-    assert m["probe_token_agreement"] < 1.0
-
-
-def test_zero_shot_acceptance_is_evaluates_offline_column(tiny_targets, world):
-    flat, wrapped = tiny_targets
-    run, _ = probe(world, flat, wrapped)
+    # the zero-shot figure is evaluate's offline column on the same prompts
     made = run_step(
         "make_data",
         ["--target", str(wrapped), "--prompts", str(world / "p.jsonl"), "--out", str(world / "ds"),
@@ -102,4 +90,13 @@ def test_zero_shot_acceptance_is_evaluates_offline_column(tiny_targets, world):
     assert ev.returncode == 0, ev.stderr[-2000:]
     c = mlflow.MlflowClient(f"sqlite:///{world}/mlflow.db")
     offline = c.search_runs(["0"], filter_string="tags.`drafterops.step` = 'evaluate'")[0].data.metrics
-    assert run.data.metrics["zero_shot_sim_accept_len_new"] == pytest.approx(offline["sim_accept_len"], abs=1e-6)
+    assert m["zero_shot_sim_accept_len_new"] == pytest.approx(offline["sim_accept_len"], abs=1e-6)
+
+
+def test_a_target_with_shuffled_layers_gives_clearly_lower_figures(tiny_targets, world):
+    run, _ = probe(world, world / "deep", world / "shuffled")
+    m = run.data.metrics
+    assert m["probe_cos_0"] == pytest.approx(1.0, abs=1e-3)  # the dense first layer did not move
+    for layer in ("1", "2", "final"):
+        assert m[f"probe_cos_{layer}"] < 0.9 and m[f"probe_cka_{layer}"] < 0.9
+    assert m["probe_token_agreement"] < 1.0

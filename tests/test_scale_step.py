@@ -1,30 +1,31 @@
-"""The data-scaling planner end to end at a reduced size: a ladder of 3 rungs, warm and scratch, one
-nested run per point, the curve, the table, and samples for break-even (or why not)."""
+"""The data-scaling planner end to end on the mini world at a reduced size: a ladder of 3 rungs drawn
+from the K2.5 pool, warm and scratch, one nested run per point, the curve, the table, and the samples
+for break-even (or why not)."""
 
 import mlflow
 
-from tests.conftest import run_step, save_tiny_drafter
-from tests.test_data import PROMPTS, write_prompts
+from steps.import_drafter import MINIWORLD
+from tests.conftest import run_step
 
 
-def test_scale_runs_a_reduced_ladder_end_to_end(tiny_targets, tmp_path):
-    flat, wrapped = tiny_targets
-    drafter = save_tiny_drafter(tmp_path / "d", flat)
-    prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS * 3)
-    made = run_step(
-        "make_data",
-        ["--target", str(wrapped), "--prompts", str(prompts), "--out", str(tmp_path / "ds"), "--drafter", str(drafter)],
-        tmp_path,
-    )
-    assert made.returncode == 0, made.stderr[-2000:]
+def test_scale_runs_a_reduced_mini_world_ladder_end_to_end(tmp_path):
+    drafter = MINIWORLD / "aq-mini-eagle3"
+    for name, prompts, limit in (("pool", "k2.5-pool", "12"), ("val", "k2.5-val", "8")):
+        made = run_step(
+            "make_data",
+            ["--target", str(MINIWORLD / "k2.5-mini"), "--prompts", str(MINIWORLD / "prompts" / f"{prompts}.jsonl"),
+             "--out", str(tmp_path / name), "--drafter", str(drafter), "--limit", limit, "--max_len", "256"],
+            tmp_path,
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr[-2000:]
     res = run_step(
         "scale",
-        ["--init", str(drafter), "--arch", str(drafter), "--data", str(tmp_path / "ds"), "--val_data",
-         str(tmp_path / "ds"), "--sizes", "2,4,6", "--seeds", "0", "--epochs", "2", "--no-progress"],
+        ["--init", str(drafter), "--data", str(tmp_path / "pool"), "--val_data", str(tmp_path / "val"),
+         "--sizes", "4,8,12", "--seeds", "0", "--epochs", "2", "--no-progress"],
         tmp_path,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "| warm | 82 | 2.46 |" in res.stdout
+    assert "| warm | 82 | 2.46 |" in res.stdout and "not reachable with 2 draft steps" in res.stdout
     c = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     (parent,) = c.search_runs(["0"], filter_string="tags.`drafterops.step` = 'scale'")
     children = c.search_runs(["0"], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
@@ -35,3 +36,13 @@ def test_scale_runs_a_reduced_ladder_end_to_end(tiny_targets, tmp_path):
     if has_estimate:
         m = parent.data.metrics
         assert m["samples_for_break_even_low"] <= m["samples_for_break_even"] <= m["samples_for_break_even_high"]
+
+
+def test_scale_refuses_fewer_than_three_rungs(tmp_path):
+    res = run_step(
+        "scale",
+        ["--init", str(MINIWORLD / "aq-mini-eagle3"), "--data", str(tmp_path / "none"), "--val_data",
+         str(tmp_path / "none"), "--sizes", "4,8"],
+        tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 2 and "at least 3 rungs" in res.stderr
