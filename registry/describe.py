@@ -13,6 +13,7 @@ ORDER = (
     "promotion",
     "evaluation",
     "probe",
+    "scale",
     "shape_gate",
     "contents",
 )  # the decision first, the inventory last

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     dataset, val = HiddenStateDataset(args.data), HiddenStateDataset(args.val_data)
     if max(sizes) > len(dataset):
         raise BadInput(f"--sizes: {max(sizes)} samples asked, {args.data} holds {len(dataset)}")
-    base, _, _ = prepare_init(args.init, dataset, args.arch)
+    base, _, version = prepare_init(args.init, dataset, args.arch)
     _, scratch_cfg, _ = prepare_init("scratch", dataset, args.arch)
     tokens_per_sample = dataset.index["num_tokens"] / max(len(dataset), 1)
     on_disk = sum(f.stat().st_size for f in Path(args.data).glob("*") if f.is_file())
@@ -145,6 +145,21 @@ def run(args: argparse.Namespace) -> int:
         mlflow.log_figure(_figure(points, fits, profile, be), "learning_curve.png")
         lines.append(text)
         mlflow.set_tag("mlflow.note.content", text)
+        if version is not None:  # the answer sits on the page of the drafter it concerns
+            from registry import describe, store
+
+            c, run_id = store.client(), mlflow.active_run().info.run_id
+            answer = mlflow.get_run(run_id).data.tags.get("samples_for_break_even", "")[:250]  # why not
+            if "samples_for_break_even" in metrics:
+                answer = f"{metrics['samples_for_break_even']:,.0f}"
+            c.set_model_version_tag(
+                version.name, version.version, f"scale.{profile.name}.samples_for_break_even", answer
+            )
+            c.set_model_version_tag(version.name, version.version, f"scale.{profile.name}.run", run_id)
+            describe.set_section(
+                c, version.name, version.version, f"scale:{profile.name}",
+                f"## How much data on `{profile.name}`\n\n{text}\n\nRun `{run_id}`.",
+            )  # fmt: skip
     print("\n".join(lines))
     return 0
 
