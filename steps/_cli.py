@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import sys
 import time
 import traceback
@@ -161,6 +162,11 @@ def _record_exit_code(code: int) -> None:
         client().set_tag(run_id, "drafterops.exit_code", str(code))
 
 
+def _no_secrets(value: str) -> str:
+    """A URL's password never lands in a run (postgresql://user:secret@db/optuna -> user:***@)."""
+    return re.sub(r"(//[^/@:\s]+):[^/@\s]+@", r"\1:***@", value)
+
+
 def _same(a: str, b: str) -> bool:
     try:
         return float(a) == float(b)
@@ -178,8 +184,8 @@ def log_params(effective: dict[str, object]) -> None:
     have = mlflow.get_run(run.info.run_id).data.params if run else {}
     fresh: dict[str, str] = {}
     for key, value in effective.items():
-        value = "none" if value in (None, "") else str(value)
-        asked = have.get(key, _ASKED.get(key, value))
+        value = _no_secrets("none" if value in (None, "") else str(value))
+        asked = have.get(key, _no_secrets(_ASKED.get(key, value)))
         if key not in have:
             fresh[key] = asked if asked not in ("", None) else "none"
         if not _same(fresh.get(key, asked), value) and f"resolved.{key}" not in have:

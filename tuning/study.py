@@ -181,8 +181,9 @@ def history_figure(study: Any):
     failed = [t.number for t in study.trials if t.state == TrialState.FAIL and not t.user_attrs.get("over_budget")]
     if failed:
         ax.scatter(failed, [ax.get_ylim()[0]] * len(failed), marker="v", color="tab:red", label="failed")
-    if study.trials and study.trials[0].user_attrs.get("baseline"):
-        ax.annotate("baseline", (0, study.trials[0].value or 0), textcoords="offset points", xytext=(5, 5), fontsize=8)
+    first = study.trials[0] if study.trials else None
+    if first is not None and first.user_attrs.get("baseline") and first.value is not None:
+        ax.annotate("baseline", (0, first.value), textcoords="offset points", xytext=(5, 5), fontsize=8)
     ax.set_xlabel("trial")
     ax.set_ylabel(f"{OBJECTIVE} (objective, higher is better)")
     ax.set_title(f"study {study.study_name[:60]}")

@@ -72,7 +72,7 @@ def resumable_step(folder: Path) -> int:
 
 
 def run_trial(trial: Any, s: Study) -> float:
-    """The objective: the trial's best validation figure at the deployment's draft depth."""
+    """The objective: the trial's final validation figure at the deployment's draft depth."""
     import mlflow
     import optuna
 
