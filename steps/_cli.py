@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from drafter import failpoints
-from drafter.errors import INTERNAL_ERROR, DrafterOpsError
+from drafter.errors import INTERNAL_ERROR, BadInput, DrafterOpsError
 from registry.naming import DEFAULT_TRACKING_URI
 
 
@@ -51,6 +51,17 @@ def write_traceback(name: str, text: str) -> Path | None:
 
 
 NOT_GIVEN = ("", "none", "None", "auto")
+
+
+def integer(value: str, name: str, low: int = 0) -> int:
+    """An integer parameter (`--name`), at least `low`; anything else is bad input naming it."""
+    try:
+        out = int(float(value))
+    except (TypeError, ValueError):
+        raise BadInput(f"--{name} must be an integer, got {value!r}") from None
+    if out < low:
+        raise BadInput(f"--{name} must be >= {low}, got {out}")
+    return out
 
 
 def none_if_empty(value: str | None) -> str | None:

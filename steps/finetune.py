@@ -15,7 +15,7 @@ from typing import Any
 
 from drafter.errors import BadInput
 from drafter.train import TrainConfig
-from steps._cli import log_params, none_if_empty, parser, run_step, step_run
+from steps._cli import integer, log_params, none_if_empty, parser, run_step, step_run
 from steps.import_drafter import MINIWORLD
 from tuning.space import DEFAULT_BASELINE, DEFAULT_SPACE
 
@@ -51,16 +51,6 @@ def build() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
-
-
-def _int(value: str, name: str, low: int = 1) -> int:
-    try:
-        out = int(float(value))
-    except (TypeError, ValueError):
-        raise BadInput(f"--{name} must be an integer, got {value!r}") from None
-    if out < low:
-        raise BadInput(f"--{name} must be >= {low}, got {out}")
-    return out
 
 
 def _fixed(text: str) -> dict[str, Any] | None:
@@ -109,18 +99,18 @@ def run(args: argparse.Namespace) -> int:
     if none_if_empty(args.name):
         naming.check_name(args.name)
     n_trials, max_steps, seed = (
-        _int(args.n_trials, "n_trials"),
-        _int(args.max_steps, "max_steps"),
-        _int(args.seed, "seed", 0),
+        integer(args.n_trials, "n_trials", 1),
+        integer(args.max_steps, "max_steps", 1),
+        integer(args.seed, "seed", 0),
     )
     profile = load_profile(args.profile)
     fixed = _fixed(args.fixed_params)
     base = TrainConfig(
         max_steps=max_steps,
-        batch_size=_int(args.batch_size, "batch_size"),
+        batch_size=integer(args.batch_size, "batch_size", 1),
         seed=seed,
         ds_config=args.ds_config,
-        val_every=_int(args.val_every, "val_every"),
+        val_every=integer(args.val_every, "val_every", 1),
         val_draft_steps=profile.draft_steps,
     )
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -147,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     study, sampler_seed, created = None, None, False
     if rank0:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        storage = studies.make_storage(storage_url, _int(args.heartbeat, "heartbeat"))
+        storage = studies.make_storage(storage_url, integer(args.heartbeat, "heartbeat", 1))
         study, sampler_seed, created = studies.open_study(storage, study_name, seed, n_trials)
         if created and fixed is not None:
             study.enqueue_trial({}, user_attrs={"fixed": True})

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from drafter.errors import BadInput
-from steps._cli import log_params, parser, run_step, step_run
+from steps._cli import integer, log_params, parser, run_step, step_run
 from steps.import_drafter import MINIWORLD
 
 
@@ -27,16 +27,6 @@ def build() -> argparse.ArgumentParser:
     return p
 
 
-def _int(value: str, name: str, low: int = 0) -> int:
-    try:
-        out = int(value)
-    except ValueError:
-        raise BadInput(f"--{name} must be an integer, got {value!r}") from None
-    if out < low:
-        raise BadInput(f"--{name} must be >= {low}, got {out}")
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
     import mlflow
 
@@ -50,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from drafter.train import attach_target_embedding, check_fit, offline_stats
     from steps.evaluate import resolve
 
-    limit, max_len = _int(args.limit, "limit"), _int(args.max_len, "max_len", 2)
+    limit, max_len = integer(args.limit, "limit"), integer(args.max_len, "max_len", 2)
     profile = load_profile(args.profile)
     k = profile.draft_steps
     records = read_prompts(args.prompts, limit or None)

@@ -31,13 +31,13 @@ def build() -> argparse.ArgumentParser:
     return p
 
 
-def _ints(text: str, name: str) -> list[int]:
+def _ints(text: str, name: str, low: int) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise BadInput(f"--{name} must be comma-separated integers, got {text!r}") from None
-    if not values or min(values) < (1 if name == "sizes" else 0):
-        raise BadInput(f"--{name} needs positive values, got {text!r}")
+    if not values or min(values) < low:
+        raise BadInput(f"--{name} needs values >= {low}, got {text!r}")
     return sorted(set(values))
 
 
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from tuning.register import prepare_init
     from tuning.space import load_settings
 
-    sizes, seeds = _ints(args.sizes, "sizes"), _ints(args.seeds, "seeds")
+    sizes, seeds = _ints(args.sizes, "sizes", 1), _ints(args.seeds, "seeds", 0)
     if len(sizes) < 3:
         raise BadInput("--sizes needs at least 3 rungs for a saturating fit")
     try:

@@ -36,12 +36,15 @@ class Study:
     progress: bool = True
 
 
+def _frozen(study: Any, number: int) -> Any:
+    return next(t for t in study.get_trials(deepcopy=False) if t.number == number)
+
+
 def checkpoint_key(study: Any, number: int) -> str:
     """A trial's identity across retries: the number of the first trial in its retry chain."""
     from optuna.storages import RetryHeartbeatStaleTrialCallback
 
-    frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == number)
-    history = RetryHeartbeatStaleTrialCallback.retry_history(frozen)
+    history = RetryHeartbeatStaleTrialCallback.retry_history(_frozen(study, number))
     return f"trial-{history[0] if history else number}"
 
 
@@ -51,8 +54,7 @@ def fail_dead_runs(study: Any, number: int) -> None:
     import mlflow
     from optuna.storages import RetryHeartbeatStaleTrialCallback
 
-    frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == number)
-    earlier = set(RetryHeartbeatStaleTrialCallback.retry_history(frozen))
+    earlier = set(RetryHeartbeatStaleTrialCallback.retry_history(_frozen(study, number)))
     c = mlflow.MlflowClient()
     for t in study.get_trials(deepcopy=False):
         run_id = t.user_attrs.get("mlflow_run_id") if t.number in earlier else None
