@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from drafter import aux_layers
 from drafter.config import DrafterConfig, read_json
 from drafter.errors import BadInput
 from drafter.model import Eagle3Drafter
@@ -322,8 +322,13 @@ def write_tensors(state: dict[str, torch.Tensor], folder: Path, max_shard_bytes:
     (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
 
 
-def export_drafter(src: str | Path, out: str | Path) -> Path:
-    """Serving layout: the same tensors without embed_tokens (SGLang/vLLM take the target's).
+def export_drafter(
+    src: str | Path, out: str | Path, engine: str = "sglang", handed_ids: list[int] | None = None
+) -> Path:
+    """Serving layout: the same tensors without embed_tokens (SGLang/vLLM take the target's), and a
+    config in `engine`'s reading of the aux layer ids (drafter/aux_layers.py) with the keys engines
+    need (model_type, num_hidden_layers, ...). `handed_ids` overrides the translation (a test of what
+    an untranslated folder does).
 
     Works shard by shard, so memory stays at one shard."""
     src, out = Path(src), Path(out)
@@ -346,7 +351,12 @@ def export_drafter(src: str | Path, out: str | Path) -> Path:
         (out / INDEX_FILE).write_text(
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n"
         )
-    shutil.copyfile(src / "config.json", out / "config.json")
+    config = cfg.to_dict()
+    handed = aux_layers.handed_ids(list(cfg.aux_layer_ids), engine) if handed_ids is None else list(handed_ids)
+    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = handed
+    if aux_layers.convention(engine).offset:
+        config[aux_layers.CONVENTION_KEY] = engine
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
 
 

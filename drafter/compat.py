@@ -22,6 +22,7 @@ import torch
 from drafter.checkpoint import CONFIG_DTYPES, DTYPES, EMBED, TensorInfo, expected_tensors, parse_header_bytes
 from drafter.config import DrafterConfig, TargetConfig
 from drafter.errors import BadInput
+from drafter.rope import rope_from_config
 from drafter.vocab import validate_vocab_maps
 
 
@@ -178,11 +179,15 @@ def check_compat(d: DrafterFacts, t: TargetFacts) -> list[Check]:
             add(Check(key, str(theirs), str(mine), None, "not declared on one side", informational=True))
         else:
             add(Check(key, str(theirs), str(mine), mine == theirs))
-    target_rope = tc.text_config.get("rope_theta")
+    try:
+        target_rope = rope_from_config(tc.text_config).theta
+    except BadInput:
+        target_rope = "unreadable"
+    rope = cfg.rope
     add(
         Check(
             "rope_theta",
-            f"drafter's own ({cfg.rope_theta:g})",
+            f"drafter's own ({rope.theta:g}, {rope.rope_type})",
             f"target {target_rope}",
             None,
             "reported: the drafter's RoPE is its own and need not equal the target's",

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from drafter.aux_layers import CONVENTION_KEY, project_ids
 from drafter.errors import BadInput
+from drafter.rope import RopeSpec, rope_from_config
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -33,7 +35,11 @@ _KNOWN = {
     "torch_dtype",
     "eagle_config",
     "target_hidden_size",
+    CONVENTION_KEY,  # read once: the in-memory config always holds the project's layer ids
 }
+# What engines need to build the right model from the folder alone (vLLM builds a 32-layer drafter,
+# silently accepting nothing, when num_hidden_layers is missing; it refuses a folder without model_type).
+ENGINE_KEYS = {"model_type": "llama", "num_hidden_layers": 1, "hidden_act": "silu", "tie_word_embeddings": False}
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -77,8 +83,11 @@ class DrafterConfig:
     torch_dtype: str = "bfloat16"
     target_hidden_size: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    rope: RopeSpec | None = None  # None: default RoPE with rope_theta
 
     def __post_init__(self) -> None:
+        if self.rope is None:
+            self.rope = RopeSpec(theta=self.rope_theta)
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         # eagle_config's other keys ride in `extra`; the layer ids live in their own field
@@ -124,18 +133,38 @@ class DrafterConfig:
         target_hidden = raw.get("target_hidden_size")
         if target_hidden is not None:
             target_hidden = _int(raw, "target_hidden_size", where)
+        if raw.get("num_hidden_layers", 1) != 1:
+            raise BadInput(
+                f"{where}: field 'num_hidden_layers' is {raw['num_hidden_layers']!r}; an EAGLE-3 drafter has 1"
+            )
+        if raw.get("hidden_act", "silu") != "silu":
+            raise BadInput(
+                f"{where}: field 'hidden_act' {raw['hidden_act']!r} is not supported (the drafter's MLP is SiLU)"
+            )
+        convention = raw.get(CONVENTION_KEY)
+        if convention is not None:
+            try:
+                layers = project_ids(list(layers), str(convention))
+            except BadInput as exc:
+                raise BadInput(f"{where}: field '{CONVENTION_KEY}': {exc}") from None
+        rope = rope_from_config(raw, where)
         return cls(
             **ints,
             aux_layer_ids=list(layers),
             head_dim=head_dim,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(raw.get("rope_theta", 10000.0)),
+            rope_theta=rope.theta,
+            rope=rope,
             max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_id=raw.get("eos_token_id"),
             torch_dtype=str(raw.get("torch_dtype", "bfloat16")),
             target_hidden_size=target_hidden,
-            extra={k: v for k, v in raw.items() if k not in _KNOWN or k == "eagle_config"},
+            extra={
+                k: v
+                for k, v in raw.items()
+                if (k not in _KNOWN or k == "eagle_config") and not (k in ENGINE_KEYS and ENGINE_KEYS[k] == v)
+            },
         )
 
     @classmethod
@@ -170,6 +199,7 @@ class DrafterConfig:
         )
         if self.target_hidden_size and self.target_hidden_size != self.hidden_size:
             out["target_hidden_size"] = self.target_hidden_size
+        out.update(ENGINE_KEYS)
         out.update(extra)
         return out
 

@@ -37,6 +37,7 @@ class OnlineResult:
     draft_seconds: float
     mismatches: int = 0  # greedy outputs that differed from the target's own (must be 0)
     truncated: int = 0
+    outputs: list[list[int]] = field(default_factory=list)  # the target's own decoding, per prompt
     cycles: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -170,18 +171,12 @@ def evaluate_online(
         raise BadInput(f"{target.folder}: target has no tokenizer; online evaluation needs one")
     target.set_aux_layers(list(drafter.config.aux_layer_ids))
     ctx = int(getattr(target.model.config, "max_position_embeddings", 4096))
-    limit = max(8, ctx - max_new_tokens - k - 2)
-    eos = (
-        target.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        if "<|im_end|>" in target.tokenizer.get_vocab()
-        else target.tokenizer.eos_token_id
-    )
-    accepted, mismatches, truncated = [], 0, 0
+    prompts, truncated = encode_prompts(target.tokenizer, records, ctx, max_new_tokens, k)
+    eos = stop_token(target.tokenizer)
+    accepted, mismatches, outputs = [], 0, []
     base_tok = spec_tok = 0
     base_s = spec_s = verify_s = draft_s = 0.0
-    for i, rec in enumerate(tqdm(records, desc="evaluate", unit="prompt", disable=not progress)):
-        ids, cut = prompt_ids(target.tokenizer, rec, limit)
-        truncated += cut
+    for i, ids in enumerate(tqdm(prompts, desc="evaluate", unit="prompt", disable=not progress)):
         g1 = torch.Generator().manual_seed(seed + i)
         g2 = torch.Generator().manual_seed(seed + i)
         base = target_generate(target, ids, max_new_tokens, temperature, g1, eos)
@@ -189,11 +184,35 @@ def evaluate_online(
         if temperature <= 0 and spec.tokens != base.tokens:
             mismatches += 1
         accepted.append(spec.accepted)
+        outputs.append(base.tokens)
         # decode-only throughput: the first token comes from the prefill, not from a cycle
         base_tok, base_s = base_tok + len(base.tokens) - 1, base_s + base.seconds - base.prefill_seconds
         spec_tok, spec_s = spec_tok + len(spec.tokens) - 1, spec_s + spec.seconds - spec.prefill_seconds
         verify_s, draft_s = verify_s + spec.verify_seconds, draft_s + spec.draft_seconds
-    return OnlineResult(k, accepted, base_tok, base_s, spec_tok, spec_s, verify_s, draft_s, mismatches, truncated)
+    return OnlineResult(
+        k, accepted, base_tok, base_s, spec_tok, spec_s, verify_s, draft_s, mismatches, truncated, outputs
+    )
+
+
+def stop_token(tokenizer: Any) -> int | None:
+    """Where a chat reply ends: <|im_end|> when the vocabulary has it, else the tokenizer's EOS."""
+    if "<|im_end|>" in tokenizer.get_vocab():
+        return tokenizer.convert_tokens_to_ids("<|im_end|>")
+    return tokenizer.eos_token_id
+
+
+def encode_prompts(
+    tokenizer: Any, records: list[dict[str, Any]], context: int, max_new_tokens: int, k: int
+) -> tuple[list[torch.Tensor], int]:
+    """The prompts as token ids (what every engine is sent), cut from the left to leave room for the
+    reply and a verify block; with the number that were cut."""
+    limit = max(8, context - max_new_tokens - k - 2)
+    out, cut = [], 0
+    for rec in records:
+        ids, was_cut = prompt_ids(tokenizer, rec, limit)
+        out.append(ids)
+        cut += was_cut
+    return out, cut
 
 
 def acceptance_figure(offline: list[float] | None, online: list[float], title: str):

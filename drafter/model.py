@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from drafter.config import DrafterConfig
+from drafter.rope import RopeSpec
 
 
 class RMSNorm(nn.Module):
@@ -43,17 +44,18 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Rotary(nn.Module):
-    """RoPE angles for arbitrary (not necessarily contiguous) positions."""
+    """RoPE angles for arbitrary (not necessarily contiguous) positions, with the config's scaling
+    (drafter/rope.py: default, linear, llama3, yarn)."""
 
-    def __init__(self, head_dim: int, theta: float) -> None:
+    def __init__(self, head_dim: int, rope: RopeSpec, max_position_embeddings: int) -> None:
         super().__init__()
-        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        inv, self.scaling = rope.frequencies(head_dim, max_position_embeddings)
         self.register_buffer("inv_freq", inv, persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         angles = positions.float()[..., None] * self.inv_freq  # [..., T, d/2]
         emb = torch.cat((angles, angles), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -196,7 +198,7 @@ class Eagle3Drafter(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope, cfg.max_position_embeddings)
         self.has_embedding = False  # True once embed_tokens holds the target's embedding
 
     # ------------------------------------------------------------------ helpers

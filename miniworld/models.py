@@ -60,7 +60,8 @@ def deepseek_config(vocab_size: int, hidden_size: int = 64, layers: int = 4, **o
         topk_group=1,
         q_lora_rank=hidden_size // 2,
         kv_lora_rank=hidden_size // 4,
-        qk_nope_head_dim=16,
+        # attention head size qk_nope + qk_rope = 32: a size vLLM-CPU's attention supports (24 is not)
+        qk_nope_head_dim=24,
         qk_rope_head_dim=8,
         v_head_dim=16,
         max_position_embeddings=1024,

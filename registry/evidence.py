@@ -46,6 +46,9 @@ class EvidenceRecord:
     per_prompt: list[tuple[int, int]]  # (sum of accepted + 1 over its verify cycles, verify cycles) per prompt
     dataset_digest: str = ""
     sim_accept_len: float | None = None
+    aux_layers: dict[str, Any] | None = None  # what the engine was handed and which layers it feeds
+    endpoint: str = ""  # a server the user runs (not launched by the project)
+    drafter_attested: bool = True  # the project launched the engine with the version's own files
     run_id: str = ""
 
     @property
@@ -82,6 +85,7 @@ class EvidenceRecord:
             "evidence.num_prompts": str(self.num_prompts),
             "evidence.engine": self.engine,
             "evidence.engine_version": self.engine_version,
+            **({"evidence.endpoint": self.endpoint} if self.endpoint else {}),
             "evidence.temperature": f"{self.temperature:g}",
         }
 
@@ -101,6 +105,13 @@ def mismatches(rec: EvidenceRecord, profile: Profile, target_digest: str, weight
         why.append("measured on other weights than the version holds")
     if rec.engine not in ENGINES_BOUND_TO_WEIGHTS:
         why.append(f"engine {rec.engine!r} cannot prove which drafter it ran")
+    elif rec.endpoint or not rec.drafter_attested:
+        why.append(
+            f"measured on a server the project did not launch ({rec.endpoint or 'unknown'}), "
+            "which does not say which drafter it runs"
+        )
+    if rec.aux_layers and not rec.aux_layers.get("matches_training", True):
+        why.append("the engine fed the drafter other target layers than it was trained on")
     return why
 
 

@@ -30,6 +30,35 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--max_new_tokens", default="64")
     p.add_argument("--limit", default="20", help="prompts to decode (0: all)")
     p.add_argument("--seed", default="0")
+    p.add_argument(
+        "--engine",
+        default="in-process",
+        choices=["in-process", "vllm", "sglang"],
+        help="where acceptance is measured: the project's decoder, or a serving engine's server",
+    )
+    p.add_argument("--endpoint", default="none", help="a server you already run (its URL) instead of launching one")
+    p.add_argument(
+        "--engine_python", default="none", help="the engine's interpreter (none: $DRAFTEROPS_VLLM_PYTHON, else the env "
+        "`python -m engines.environment` created)",
+    )  # fmt: skip
+    p.add_argument("--concurrency", default="4", help="requests in flight for the served-throughput figure")
+    p.add_argument(
+        "--reference",
+        default="in-process",
+        choices=["in-process", "none"],
+        help="decode the same prompts with the project's decoder to check the engine (none: a target too big here)",
+    )
+    p.add_argument("--agreement_tolerance", default="0.02", help="engine vs in-process accept_len, relative")
+    p.add_argument(
+        "--agreement_prompts",
+        default="0.8",
+        help="share of prompts whose engine and in-process cycles must be identical",
+    )
+    p.add_argument(
+        "--handed_aux_ids",
+        default="auto",
+        help="aux layer ids handed to the engine as they are (auto: the drafter's, translated to the engine's reading)",
+    )
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 
@@ -83,8 +112,17 @@ def run(args: argparse.Namespace) -> int:
     if not passed(checks):
         bad = "; ".join(f"{c.name}: expected {c.expected}, got {c.actual}" for c in checks if c.ok is False)
         raise BadInput(f"drafter {args.model} does not fit target {args.target}: {bad}")
-    target = load_target(args.target)
-    drafter = load_drafter(folder, embedding=target.embedding_weight.detach().float()).eval()
+    engine = args.engine
+    endpoint = none_if_empty(args.endpoint)
+    if endpoint and engine == "in-process":
+        raise BadInput("--endpoint needs --engine vllm or --engine sglang")
+    reference = args.reference == "in-process" or engine == "in-process"
+    if not records and engine != "in-process":
+        raise BadInput(f"--engine {engine} measures on prompts: give --prompts")
+    target = load_target(args.target) if reference or data_dir else None
+    drafter = (
+        load_drafter(folder, embedding=target.embedding_weight.detach().float()).eval() if target is not None else None
+    )
     metrics: dict[str, float] = {}
     offline_acc, dataset_digest = None, ""
     if data_dir:
@@ -99,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         metrics["sim_accept_len"] = stats.sim_accept_len
         metrics.update({f"offline_acc_pos_{i}": a for i, a in enumerate(offline_acc)})
     online = None
-    if records:
+    if records and reference:
         online = evaluate_online(target, drafter, records, k, max_new, temperature, seed, args.progress)
         if online.mismatches:
             raise InternalError(
@@ -116,6 +154,17 @@ def run(args: argparse.Namespace) -> int:
                 f"here, measured {metrics['host_speedup']:.2f}x ({100 * metrics['host_projection_error']:+.0f}%): "
                 "the profile is stale; rerun `python -m bench.host_profile`"
             )
+    run = None
+    if engine != "in-process":
+        run, agreement = serve_and_measure(
+            args, engine, endpoint, folder, records, k, max_new, temperature, seed, online
+        )
+        metrics.update(run.metrics())
+        metrics.update(agreement)
+        lo, hi = metrics["engine_accept_len_ci_low"], metrics["engine_accept_len_ci_high"]
+        if online is not None:
+            metrics["inprocess_accept_len"] = online.accept_len
+        metrics.update(headline(run.accept_len, lo, hi, profile))
     metrics["break_even_accept_len"] = break_even_accept_len(profile)
     name = f"{mv.name}/v{mv.version}" if mv is not None else Path(folder).name
     with step_run("evaluate", run_name=f"evaluate {name.split('/')[-1]} @ {profile.name}"):
@@ -130,19 +179,40 @@ def run(args: argparse.Namespace) -> int:
                 "temperature": temperature,
                 "max_new_tokens": max_new,
                 "limit": limit,
+                "engine": engine,
+                "endpoint": endpoint,
+                "reference": args.reference,
+                "concurrency": args.concurrency,
+                "handed_aux_ids": args.handed_aux_ids,
+                "agreement_tolerance": args.agreement_tolerance,
+                "agreement_prompts": args.agreement_prompts,
             }
         )
+        if run is not None:
+            mlflow.set_tags(
+                {
+                    "engine": engine,
+                    "engine_version": run.engine_version,
+                    "engine.aux_handed": str(run.aux["handed_ids"]),
+                }
+            )
+            mlflow.log_dict(run.aux, "engine_aux_layers.json")
+            for log in run.logs:
+                if Path(log).is_file():
+                    mlflow.log_artifact(log, "engine_logs")
         model_id = link_version(mv, name, profile.name, metrics)
         mlflow.log_metrics(metrics, model_id=model_id)  # also on the version's model page
-        if online is not None:
+        if online is not None or run is not None:
+            figure_source = run if run is not None else online
             ci = (metrics["accept_len_ci_low"], metrics["accept_len_ci_high"])
+            where = f" ({run.engine_version})" if run is not None else ""
             mlflow.log_figure(
-                acceptance_figure(offline_acc, online.acc_pos, f"{name}: acceptance by position"),
+                acceptance_figure(offline_acc, figure_source.acc_pos, f"{name}: acceptance by position{where}"),
                 "acceptance_by_position.png",
             )
             mlflow.log_figure(
                 break_even_figure(
-                    online.accept_len, ci, metrics["break_even_accept_len"], k, f"{name} on {profile.name}"
+                    metrics["accept_len"], ci, metrics["break_even_accept_len"], k, f"{name} on {profile.name}{where}"
                 ),
                 "accept_len_vs_break_even.png",
             )
@@ -150,14 +220,14 @@ def run(args: argparse.Namespace) -> int:
             mlflow.log_figure(
                 acceptance_figure(None, offline_acc, f"{name}: offline acceptance"), "acceptance_by_position.png"
             )
-        if online is not None and records:
+        if (online is not None or run is not None) and records:
             evidence.log_record(
                 evidence_record(
-                    mv, folder, args.target, base_profile, k, prompts_path, records, temperature, max_new, online,
-                    dataset_digest, metrics.get("sim_accept_len"),
+                    mv, folder, args.target, base_profile, k, prompts_path, records, temperature, max_new,
+                    run if run is not None else online, dataset_digest, metrics.get("sim_accept_len"),
                 )
             )  # fmt: skip
-        if mv is not None and online is not None:
+        if mv is not None and (online is not None or run is not None):
             from registry import describe, naming, store
 
             c = store.client()
@@ -178,7 +248,10 @@ def run(args: argparse.Namespace) -> int:
             )
             describe.set_section(
                 c, mv.name, mv.version, f"evaluation:{profile.name}",
-                evaluation_section(profile.name, metrics, k, len(records), mlflow.active_run().info.run_id),
+                evaluation_section(
+                    profile.name, metrics, k, len(records), mlflow.active_run().info.run_id,
+                    run.engine_version if run is not None else "in-process",
+                ),
             )  # fmt: skip
     print(summary(name, profile.name, metrics))
     return 0
@@ -202,7 +275,73 @@ def link_version(mv, name: str, profile: str, metrics: dict[str, float]) -> str 
     return model_id
 
 
-def evaluation_section(profile: str, m: dict[str, float], k: int, prompts: int, run_id: str) -> str:
+def serve_and_measure(args, engine, endpoint, folder, records, k, max_new, temperature, seed, online):
+    """The drafter on a serving engine, checked against the project's own decoding when it ran."""
+    from transformers import AutoTokenizer
+
+    from drafter.evaluation import encode_prompts, stop_token
+    from engines import harness
+    from engines.vllm import Settings
+    from steps._cli import integer
+
+    concurrency = integer(args.concurrency, "concurrency", 1)
+    tolerance = _num(args.agreement_tolerance, "agreement_tolerance")
+    handed = None
+    if none_if_empty(args.handed_aux_ids):
+        try:
+            handed = [int(x) for x in args.handed_aux_ids.split(",")]
+        except ValueError:
+            raise BadInput(f"--handed_aux_ids must be comma-separated integers, got {args.handed_aux_ids!r}") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.target)
+    except (OSError, ValueError) as exc:
+        raise BadInput(
+            f"{args.target}: no tokenizer to encode the prompts ({str(exc).splitlines()[0][:120]})"
+        ) from None
+    from drafter.config import TargetConfig
+
+    context = int(TargetConfig.from_file(args.target).text_config.get("max_position_embeddings", 4096))
+    prompts, _ = encode_prompts(tokenizer, records, context, max_new, k)
+    settings = Settings(
+        k=k, max_new_tokens=max_new, temperature=temperature, seed=seed, stop_token_id=stop_token(tokenizer),
+        concurrency=concurrency, max_model_len=context,
+    )  # fmt: skip
+    reference = online.outputs if online is not None else None
+    min_prompts = _num(args.agreement_prompts, "agreement_prompts")
+    agreement: dict[str, float] = {}
+
+    def check(run) -> None:  # on the speculative half, before the baseline server is started
+        harness.check_lossless(run, reference, temperature)
+        agreement.update(
+            harness.check_agreement(run, online.per_prompt if online is not None else None, tolerance, min_prompts)
+        )
+
+    run = harness.run_engine(
+        engine, Path(folder), Path(args.target), [p.tolist() for p in prompts], settings,
+        python=none_if_empty(args.engine_python), endpoint=endpoint, handed_ids=handed, progress=args.progress,
+        check=check,
+    )  # fmt: skip
+    harness.check_lossless(run, reference, temperature)
+    return run, agreement
+
+
+def headline(accept_len: float, lo: float, hi: float, profile) -> dict[str, float]:
+    """The figures a decision and the version page read, from the engine's measurement."""
+    from drafter.cost import projected_tps
+
+    tps = projected_tps(accept_len, profile)
+    return {
+        "accept_len": accept_len,
+        "accept_len_ci_low": lo,
+        "accept_len_ci_high": hi,
+        "projected_tps": tps,
+        "projected_speedup": tps / profile.baseline_tps,
+    }
+
+
+def evaluation_section(
+    profile: str, m: dict[str, float], k: int, prompts: int, run_id: str, engine: str = "in-process"
+) -> str:
     """What the version page says about its latest evaluation on a profile."""
     be, L, lo, hi = m["break_even_accept_len"], m["accept_len"], m["accept_len_ci_low"], m["accept_len_ci_high"]
     verdict = "beats break-even" if lo > be else ("above break-even on the mean only" if be < L else "below break-even")
@@ -211,7 +350,7 @@ def evaluation_section(profile: str, m: dict[str, float], k: int, prompts: int, 
         "| accept_len [95% CI] | break-even | projected tok/s | sim_accept_len | draft steps | prompts | engine | run |"
         "\n|---|---|---|---|---|---|---|---|\n"
         f"| **{L:.3f}** [{lo:.3f}, {hi:.3f}] | {be:.2f} | {m['projected_tps']:.1f} ({m['projected_speedup']:.2f}x) | "
-        f"{m.get('sim_accept_len', float('nan')):.3f} | {k} | {prompts} | in-process | `{run_id}` |\n"
+        f"{m.get('sim_accept_len', float('nan')):.3f} | {k} | {prompts} | {engine} | `{run_id}` |\n"
     )
 
 
@@ -236,6 +375,7 @@ def evidence_record(
     from registry import store
     from registry.evidence import EvidenceRecord
 
+    in_process_version = f"torch {torch.__version__}, transformers {transformers.__version__}"
     return EvidenceRecord(
         model=mv.name if mv is not None else "",
         version=str(mv.version) if mv is not None else "",
@@ -251,11 +391,14 @@ def evidence_record(
         num_prompts=len(records),
         temperature=temperature,
         max_new_tokens=max_new,
-        engine="in-process",
-        engine_version=f"torch {torch.__version__}, transformers {transformers.__version__}",
+        engine=getattr(online, "engine", "in-process"),
+        engine_version=getattr(online, "engine_version", None) or in_process_version,
         per_prompt=online.per_prompt,
         dataset_digest=dataset_digest,
         sim_accept_len=sim_accept_len,
+        aux_layers=getattr(online, "aux", None) or None,
+        endpoint=getattr(online, "endpoint", ""),
+        drafter_attested=getattr(online, "attested", True),
     )
 
 
@@ -267,6 +410,25 @@ def summary(name: str, profile: str, m: dict[str, float]) -> str:
             f"  break-even {m['break_even_accept_len']:.2f}  projected {m['projected_tps']:.1f} tok/s "
             f"({m['projected_speedup']:.2f}x)"
         )
+    if "engine_accept_len" in m:
+        lines.append(
+            f"  engine: accept_len {m['engine_accept_len']:.3f}"
+            + (f" (in-process {m['inprocess_accept_len']:.3f})" if "inprocess_accept_len" in m else "")
+            + "  acceptance by position "
+            + " ".join(f"{m[f'engine_acc_pos_{i}']:.3f}" for i in range(8) if f"engine_acc_pos_{i}" in m)
+        )
+        if "served_tps_baseline" in m:
+            lines.append(
+                f"  served: {m['served_tps_baseline']:.1f} -> {m['served_tps_spec']:.1f} tok/s at batch 1 "
+                f"({m['served_speedup']:.2f}x)"
+                + "".join(
+                    f"; {m[key]:.1f} -> {m[key.replace('baseline', 'spec')]:.1f} tok/s at concurrency "
+                    f"{key.rsplit('_c', 1)[1]}"
+                    for key in m
+                    if key.startswith("served_tps_baseline_c")
+                )
+            )
+    if "host_tps_baseline" in m:
         lines.append(
             f"  host: {m['host_tps_baseline']:.1f} -> {m['host_tps_spec']:.1f} tok/s "
             f"({m['host_speedup']:.2f}x)  cond_acc {m['cond_acc']:.3f}"

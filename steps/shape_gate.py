@@ -34,6 +34,24 @@ def comparison_table(rows, a: str, b: str) -> str:
     return "\n".join(lines)
 
 
+def engine_table(aux_ids: list[int], num_layers: int | None) -> tuple[str, list[dict]]:
+    """Which target layers each engine would feed this drafter, handed the ids each engine is given
+    (drafter/aux_layers.py: vLLM reads an id as a layer's input, so it is handed id + 1)."""
+    from drafter.aux_layers import mapping
+
+    rows = [mapping(list(aux_ids), engine) for engine in ("sglang", "vllm")]
+    lines = [
+        "| engine | ids handed | engine reads id i as | target layer outputs fed | as trained |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        in_range = num_layers is None or all(0 <= i < num_layers for i in r["target_layer_outputs_fed"])
+        ok = "yes" if r["matches_training"] and in_range else "NO"
+        fed = r["target_layer_outputs_fed"]
+        lines.append(f"| {r['engine']} | {r['handed_ids']} | {r['engine_reads_id_as']} | {fed} | {ok} |")
+    return "\n".join(lines), rows
+
+
 def facts_for(ref: str):
     """(DrafterFacts, ModelVersion or None) for any way of naming a drafter."""
     if ref.startswith("models:/"):
@@ -60,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     result = verdict(checks)
     ok = result != "failed"
     md = table(checks)
+    engines_md, engine_rows = engine_table(list(facts.config.aux_layer_ids), tfacts.config.num_hidden_layers)
+    md += "\n\nAux layers as each serving engine is handed them:\n\n" + engines_md
     out = [f"shape_gate: {facts.source} vs target {tfacts.source}", "", md]
     reference = none_if_empty(args.reference)
     cmp_md = None
@@ -82,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
             artifact_file="shape_gate.json",
         )
         mlflow.log_text(md + ("\n\n" + cmp_md if cmp_md else "") + "\n", "shape_gate.md")
+        mlflow.log_dict({"engines": engine_rows}, "aux_layers_by_engine.json")
         mlflow.set_tags({"shape_gate": result, "shape_gate.target": args.target})
         if mv is not None:
             from registry import audit, describe, naming, store

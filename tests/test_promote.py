@@ -256,6 +256,11 @@ def test_evidence_matching_is_by_values_not_names():
     assert "another target" in mismatches(record(target_digest="K2"), real, "T", "W")[0]
     assert "other weights" in mismatches(record(weights_sha256="X"), real, "T", "W")[0]
     assert "cannot prove" in mismatches(record(engine="endpoint:http://x"), real, "T", "W")[0]
+    assert mismatches(record(engine="vllm", aux_layers={"matches_training": True}), real, "T", "W") == []
+    theirs = record(engine="vllm", endpoint="http://gpu:8000", drafter_attested=False)
+    assert "did not launch (http://gpu:8000)" in mismatches(theirs, real, "T", "W")[0]
+    wrong_layers = record(engine="vllm", aux_layers={"matches_training": False})
+    assert "other target layers" in mismatches(wrong_layers, real, "T", "W")[0]
     few = record()
     few.num_prompts = 5
     assert "5 prompts, the profile needs 20" in mismatches(few, real, "T", "W")[0]

