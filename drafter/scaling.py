@@ -60,7 +60,19 @@ class Estimate:
 
     @property
     def reachable(self) -> bool:
-        return self.samples is not None and self.reachable_share >= 0.5
+        return self.samples is not None and self.samples <= PRACTICAL_LIMIT and self.reachable_share >= 0.5
+
+    @property
+    def why_not(self) -> str:
+        """Why the target is out of reach: the curve's ceiling, or a sample count no one could collect."""
+        if self.samples is not None and self.samples > PRACTICAL_LIMIT:
+            return f"not reachable in practice (over {PRACTICAL_LIMIT:.0e} samples; curve ceiling {self.curve.a:.2f})"
+        return f"not reachable (curve ceiling {self.curve.a:.2f})"
+
+
+# A curve that creeps up to the target only asymptotically "reaches" it at absurd sample counts (1e36
+# conversations); past this the answer is no.
+PRACTICAL_LIMIT = 1e12
 
 
 def estimate(

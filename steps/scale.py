@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
                     hours = f"{generation_hours(est.samples, tokens_per_sample, profile.baseline_tps):.2f}"
                     gib = f"{storage_gib(est.samples, tokens_per_sample, round(bytes_per_token)):.3f}"
                 else:
-                    cell, hours, gib = f"not reachable (curve ceiling {est.curve.a:.2f})", "-", "-"
+                    cell, hours, gib = est.why_not, "-", "-"
                 table.append(
                     f"| {start} | {row.target_tps:g} | {row.required_accept_len:.2f} | {cell} | {hours} | {gib} |"
                 )
@@ -128,6 +128,9 @@ def run(args: argparse.Namespace) -> int:
         if warm is not None and warm.reachable:
             metrics |= {"samples_for_break_even": warm.samples, "samples_for_break_even_low": warm.low,
                         "samples_for_break_even_high": min(warm.high, 1e15)}  # fmt: skip
+        elif warm is not None and warm.samples is not None and warm.curve.a > be:
+            why = f"{warm.why_not}: the warm curve approaches break-even {be:.3f} too slowly"
+            mlflow.set_tag("samples_for_break_even", why)
         elif warm is not None:
             why = (
                 f"not reachable: the warm curve's ceiling {warm.curve.a:.3f} "

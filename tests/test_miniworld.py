@@ -56,7 +56,7 @@ def test_public_drafter_is_released_like_aq_medai():
     drafter = load_drafter(folder, embedding=target.embedding_weight.detach().float())
     assert drafter.config.aux_layer_ids == RECORD["aux_layer_ids"]
     fig = RECORD["figures"]["aq-mini-eagle3"]
-    assert fig["sim_accept_len_k2_mini"] > 2.4 and fig["sim_accept_len_k2_mini"] - fig["sim_accept_len_k2.5_mini"] > 0.3
+    assert fig["sim_accept_len_k2_mini"] > 2.3 and fig["sim_accept_len_k2_mini"] - fig["sim_accept_len_k2.5_mini"] > 0.3
 
 
 def test_prompt_sets_are_disjoint_and_sized_like_the_seed():
