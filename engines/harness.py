@@ -65,6 +65,32 @@ def run_engine(
     return run
 
 
+def measure_checked(
+    engine: str,
+    folder: Path,
+    target: Path,
+    prompts: list[list[int]],
+    settings: vllm.Settings,
+    reference: tuple[list[list[int]], list[tuple[int, int]]] | None,
+    tolerance: float,
+    min_prompts: float,
+    **kw,
+) -> tuple[EngineRun, dict[str, float]]:
+    """run_engine with the fault checks: against the project's decoding (`reference`: its greedy
+    outputs and per-prompt cycles) as soon as the speculative half is measured, and against the engine's
+    own plain decoding at the end. Returns the run and the agreement figures."""
+    outputs, per_prompt = reference if reference is not None else (None, None)
+    agreement: dict[str, float] = {}
+
+    def check(run: EngineRun) -> None:
+        check_lossless(run, outputs, settings.temperature)
+        agreement.update(check_agreement(run, per_prompt, tolerance, min_prompts))
+
+    run = run_engine(engine, folder, target, prompts, settings, check=check, **kw)
+    check_lossless(run, outputs, settings.temperature)
+    return run, agreement
+
+
 def check_lossless(run: EngineRun, reference: list[list[int]] | None, temperature: float) -> None:
     """Greedy output must be the same with the drafter, without it, and in the project's decoder."""
     if temperature > 0:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import urllib.request
 from collections.abc import Callable
@@ -120,20 +121,23 @@ def read_counters(base_url: str) -> tuple[dict[str, float], dict[int, float]]:
     return parse_counters(text)
 
 
+SAMPLE = re.compile(r"^(?P<name>[^{\s]+)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
+
+
 def parse_counters(text: str) -> tuple[dict[str, float], dict[int, float]]:
+    """Counter totals (`<name>_total` samples summed over label sets) and accepted tokens by position."""
     totals: dict[str, float] = dict.fromkeys(COUNTERS, 0.0)
     per_pos: dict[int, float] = {}
     for line in text.splitlines():
-        if not line or line.startswith("#"):
+        m = SAMPLE.match(line)
+        if m is None or line.startswith("#") or not m["name"].endswith("_total"):
             continue
-        name, _, rest = line.partition("{") if "{" in line.split(" ")[0] else (line.split(" ")[0], "", "")
-        value = float(line.rsplit(" ", 1)[1])
-        base = name.removesuffix("_total")
-        if base in totals and name.endswith("_total"):
+        base, value = m["name"].removesuffix("_total"), float(m["value"])
+        if base in totals:
             totals[base] += value
-        elif base == PER_POS and name.endswith("_total"):
-            labels = rest.split("}")[0]
-            pos = next((int(p.split("=")[1].strip('"')) for p in labels.split(",") if p.startswith("position=")), 0)
+        elif base == PER_POS:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m["labels"] or ""))
+            pos = int(labels.get("position", 0))
             per_pos[pos] = per_pos.get(pos, 0.0) + value
     return totals, per_pos
 

@@ -306,23 +306,12 @@ def serve_and_measure(args, engine, endpoint, folder, records, k, max_new, tempe
         k=k, max_new_tokens=max_new, temperature=temperature, seed=seed, stop_token_id=stop_token(tokenizer),
         concurrency=concurrency, max_model_len=context,
     )  # fmt: skip
-    reference = online.outputs if online is not None else None
-    min_prompts = _num(args.agreement_prompts, "agreement_prompts")
-    agreement: dict[str, float] = {}
-
-    def check(run) -> None:  # on the speculative half, before the baseline server is started
-        harness.check_lossless(run, reference, temperature)
-        agreement.update(
-            harness.check_agreement(run, online.per_prompt if online is not None else None, tolerance, min_prompts)
-        )
-
-    run = harness.run_engine(
+    return harness.measure_checked(
         engine, Path(folder), Path(args.target), [p.tolist() for p in prompts], settings,
+        reference=(online.outputs, online.per_prompt) if online is not None else None,
+        tolerance=tolerance, min_prompts=_num(args.agreement_prompts, "agreement_prompts"),
         python=none_if_empty(args.engine_python), endpoint=endpoint, handed_ids=handed, progress=args.progress,
-        check=check,
     )  # fmt: skip
-    harness.check_lossless(run, reference, temperature)
-    return run, agreement
 
 
 def headline(accept_len: float, lo: float, hi: float, profile) -> dict[str, float]:
