@@ -1,4 +1,4 @@
-"""Build the mini world: `python -m miniworld.build` (deterministic, seeded, about 20 minutes on 2 cores).
+"""Build the mini world: `python -m miniworld.build` (deterministic, seeded, about 30 minutes on 2 cores).
 
 It replays the seed's story in miniature with real trained models:
 1. a byte-level BPE tokenizer trained on text from the local Python installation (standard-library
