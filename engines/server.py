@@ -16,6 +16,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from drafter.errors import InternalError
@@ -27,6 +28,16 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def on_loopback(
+    name: str, command: Callable[[int], list[str]], env: dict[str, str], log_path: Path, timeout_s: float
+) -> ManagedServer:
+    """A server for `command(port)` on a free loopback port, health at /health; `.url` is its base URL."""
+    port = free_port()
+    server = ManagedServer(name, command(port), env, log_path, f"http://127.0.0.1:{port}/health", timeout_s)
+    server.url = f"http://127.0.0.1:{port}"
+    return server
 
 
 def _on_sigterm(signum, frame):  # noqa: ARG001
@@ -46,6 +57,7 @@ class ManagedServer:
         self.name, self.command, self.env = name, command, env
         self.log_path, self.health_url, self.timeout_s = Path(log_path), health_url, timeout_s
         self.proc: subprocess.Popen | None = None
+        self.url = ""
         self.start_seconds = 0.0
         self._previous_sigterm = None
 

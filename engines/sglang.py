@@ -22,7 +22,7 @@ from pathlib import Path
 
 from drafter.errors import InternalError
 from engines.measurement import EngineRun
-from engines.server import ManagedServer, free_port
+from engines.server import on_loopback
 from engines.vllm import Settings
 
 
@@ -93,19 +93,17 @@ def measure(
     runs, starts, logs = {}, {}, []
     env = dict(os.environ)
     for name, draft in (("baseline", None), ("spec", drafter)):
-        port = free_port()
         log = workdir / f"sglang-{name}.log"
         logs.append(str(log))
-        with ManagedServer(
+        with on_loopback(
             f"SGLang ({engine_version}, {name})",
-            server_command(python, target, port, s, draft),
+            lambda port, draft=draft: server_command(python, target, port, s, draft),
             env,
             log,
-            f"http://127.0.0.1:{port}/health",
             s.start_timeout_s,
         ) as server:
             starts[name] = server.start_seconds
-            runs[name] = sequential(f"http://127.0.0.1:{port}", prompts, s, draft is not None, None)
+            runs[name] = sequential(server.url, prompts, s, draft is not None, None)
     base, spec = runs["baseline"], runs["spec"]
     return EngineRun(
         engine="sglang",

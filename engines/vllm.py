@@ -25,7 +25,7 @@ from pathlib import Path
 
 from drafter.errors import InternalError
 from engines.measurement import EngineRun
-from engines.server import ManagedServer, free_port
+from engines.server import on_loopback
 
 SITE = Path(__file__).resolve().parent / "vllm_site"
 SERVED_NAME = "target"
@@ -211,20 +211,18 @@ def measure(
     env = server_env(cpu)
     runs, starts, logs = {}, {}, []
     for name, draft in (("spec", drafter), ("baseline", None)):
-        port = free_port()
         log = workdir / f"vllm-{name}.log"
         logs.append(str(log))
-        server = ManagedServer(
+        server = on_loopback(
             f"vLLM ({engine_version}, {name})",
-            server_command(python, target, port, s, draft),
+            lambda port, draft=draft: server_command(python, target, port, s, draft),
             env,
             log,
-            f"http://127.0.0.1:{port}/health",
             s.start_timeout_s,
         )
         with server:
             starts[name] = server.start_seconds
-            url = f"http://127.0.0.1:{port}"
+            url = server.url
             bar = tqdm(total=len(prompts), desc=f"vllm {name}", unit="prompt", disable=not progress)
             try:
                 seq = sequential(url, prompts, s, draft is not None, bar.update)
