@@ -19,7 +19,7 @@ from drafter import aux_layers
 from drafter.checkpoint import export_drafter, load_config
 from drafter.errors import InternalError
 from engines import environment, sglang, vllm
-from engines.measurement import EngineRun, first_difference
+from engines.measurement import EngineRun, Launch, first_difference
 from engines.target_view import engine_view
 
 ENGINES = ("vllm", "sglang")
@@ -57,12 +57,8 @@ def run_engine(
     workdir = Path(workdir or tempfile.mkdtemp(prefix=f"drafterops-{engine}-"))
     exported = export_drafter(folder, workdir / f"drafter-{engine}", engine, aux["handed_ids"])
     served_target = engine_view(target, views_dir()) if engine == "vllm" else Path(target)
-    if engine == "vllm":
-        return vllm.measure(py, version, served_target, exported, prompts, settings, workdir, aux, progress, check)
-    run = sglang.measure(py, version, served_target, exported, prompts, settings, workdir, aux, progress)
-    if check is not None:
-        check(run)
-    return run
+    launch = Launch(py, version, served_target, exported, workdir, aux)
+    return (vllm if engine == "vllm" else sglang).measure(launch, prompts, settings, progress, check)
 
 
 def measure_checked(

@@ -5,8 +5,22 @@ whichever engine measured them, so evaluate logs them and the promotion rule rea
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from drafter.evaluation import bootstrap_ci, pooled_accept_len
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What a launched engine serves: its interpreter and version, the target and the drafter folders as
+    handed to it, where its logs go, and the aux-layer mapping it was given (drafter/aux_layers.mapping)."""
+
+    python: Path
+    version: str
+    target: Path
+    drafter: Path
+    workdir: Path
+    aux: dict
 
 
 @dataclass

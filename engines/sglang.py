@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from drafter.errors import InternalError
-from engines.measurement import EngineRun
+from engines.measurement import EngineRun, Launch
 from engines.server import on_loopback
 from engines.vllm import Settings
 
@@ -80,42 +80,44 @@ def sequential(base_url: str, prompts: list[list[int]], s: Settings, spec: bool,
 
 
 def measure(
-    python: Path,
-    engine_version: str,
-    target: Path,
-    drafter: Path,
+    launch: Launch,
     prompts: list[list[int]],
     s: Settings,
-    workdir: Path,
-    aux: dict,
-    progress: bool = True,
+    progress: bool = True,  # noqa: ARG001  (no per-prompt bar: SGLang requests are not streamed)
+    check: Callable[[EngineRun], None] | None = None,
 ) -> EngineRun:
+    """As engines.vllm.measure: the speculative server first (`check` sees its half), then the plain one."""
     runs, starts, logs = {}, {}, []
     env = dict(os.environ)
-    for name, draft in (("baseline", None), ("spec", drafter)):
-        log = workdir / f"sglang-{name}.log"
+    for name, draft in (("spec", launch.drafter), ("baseline", None)):
+        log = launch.workdir / f"sglang-{name}.log"
         logs.append(str(log))
         with on_loopback(
-            f"SGLang ({engine_version}, {name})",
-            lambda port, draft=draft: server_command(python, target, port, s, draft),
+            f"SGLang ({launch.version}, {name})",
+            lambda port, draft=draft: server_command(launch.python, launch.target, port, s, draft),
             env,
             log,
             s.start_timeout_s,
         ) as server:
             starts[name] = server.start_seconds
             runs[name] = sequential(server.url, prompts, s, draft is not None, None)
-    base, spec = runs["baseline"], runs["spec"]
+        if draft is not None and check is not None:
+            check(_run(launch, s, runs[name], None, starts, logs))
+    return _run(launch, s, runs["spec"], runs["baseline"], starts, logs)
+
+
+def _run(launch: Launch, s: Settings, spec, base, starts, logs) -> EngineRun:
     return EngineRun(
         engine="sglang",
-        engine_version=engine_version,
+        engine_version=launch.version,
         k=s.k,
         per_prompt=spec[1],
         accepted_at=[],
         outputs_spec=spec[0],
-        outputs_base=base[0],
-        tps_baseline=base[2],
+        outputs_base=base[0] if base else None,
+        tps_baseline=base[2] if base else None,
         tps_spec=spec[2],
-        start_seconds=starts,
-        aux=aux,
-        logs=logs,
+        start_seconds=dict(starts),
+        aux=launch.aux,
+        logs=list(logs),
     )

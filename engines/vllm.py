@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from drafter.errors import InternalError
-from engines.measurement import EngineRun
+from engines.measurement import EngineRun, Launch
 from engines.server import on_loopback
 
 SITE = Path(__file__).resolve().parent / "vllm_site"
@@ -192,14 +192,9 @@ def concurrent(base_url: str, prompts: list[list[int]], s: Settings) -> float:
 
 
 def measure(
-    python: Path,
-    engine_version: str,
-    target: Path,
-    drafter: Path,
+    launch: Launch,
     prompts: list[list[int]],
     s: Settings,
-    workdir: Path,
-    aux: dict,
     progress: bool = True,
     check: Callable[[EngineRun], None] | None = None,
 ) -> EngineRun:
@@ -207,15 +202,15 @@ def measure(
     `check` sees the speculative half first, so a fault stops the measurement before the second server."""
     from tqdm.auto import tqdm
 
-    cpu = "cpu" in engine_version
-    env = server_env(cpu)
+    engine_version, aux = launch.version, launch.aux
+    env = server_env("cpu" in engine_version)
     runs, starts, logs = {}, {}, []
-    for name, draft in (("spec", drafter), ("baseline", None)):
-        log = workdir / f"vllm-{name}.log"
+    for name, draft in (("spec", launch.drafter), ("baseline", None)):
+        log = launch.workdir / f"vllm-{name}.log"
         logs.append(str(log))
         server = on_loopback(
             f"vLLM ({engine_version}, {name})",
-            lambda port, draft=draft: server_command(python, target, port, s, draft),
+            lambda port, draft=draft: server_command(launch.python, launch.target, port, s, draft),
             env,
             log,
             s.start_timeout_s,
