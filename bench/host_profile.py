@@ -23,7 +23,7 @@ import yaml
 from drafter.checkpoint import load_drafter
 from drafter.cost import Profile
 from drafter.evaluation import evaluate_online
-from drafter.prompts import read_prompts
+from drafter.prompts import file_digest, read_prompts
 from drafter.target import load_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +54,9 @@ def main() -> None:
         "verify_ms": round(cycle_ms - args.draft_steps * draft_step_ms, 3),
         "draft_step_ms": round(draft_step_ms, 3),
         "draft_steps": args.draft_steps,
+        # evidence for this profile is measured on exactly these prompts (the mini world's held-out test set)
+        "eval_prompts": "../../miniworld/prompts/k2.5-test.jsonl",
+        "eval_prompts_sha256": file_digest(mw / "prompts" / "k2.5-test.jsonl"),
         "measured": {
             "date": time.strftime("%Y-%m-%d"),
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),

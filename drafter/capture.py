@@ -91,3 +91,17 @@ def capture(
     bar.close()
     failpoints.hit("capture:before_index")
     return writer.finish()
+
+
+def capture_records(
+    target_ref: str | Path, records: list[dict[str, Any]], out: Path, layer_ids: list[int], max_len: int = 512,
+    progress: bool = True,
+) -> dict[str, Any]:  # fmt: skip
+    """Load the target, capture these prompts into `out` and let the target go (one in memory at a time)."""
+    from drafter.target import load_target
+
+    target = load_target(target_ref)
+    target.check_layer_ids(layer_ids)
+    meta = {"target": str(target_ref), "layer_ids": layer_ids, "hidden_size": target.config.hidden_size,
+            "vocab_size": target.config.vocab_size}  # fmt: skip
+    return capture(target, plan_capture(target, records, max_len), out, layer_ids, meta, progress=progress)

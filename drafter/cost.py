@@ -9,17 +9,33 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, fields, replace
+import math
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import yaml
 
 from drafter.errors import BadInput
+from drafter.workload import TrafficClass, parse_workload
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "configs" / "profiles"
 
 
 DEFAULT_MIN_PROMPTS = 20
+# numeric fields with their defaults (None: required); whole numbers are integers
+NUMBERS: dict[str, float | int | None] = {
+    "baseline_tps": None,
+    "verify_ms": None,
+    "draft_step_ms": None,
+    "draft_steps": None,
+    "min_prompts": DEFAULT_MIN_PROMPTS,
+    "min_share": 0.05,
+    "class_floor": 1.0,
+    "eval_max_new_tokens": 64,
+    "eval_temperature": 0.0,
+}
+WHOLE = ("draft_steps", "min_prompts", "eval_max_new_tokens")
+BOUNDS = {"draft_steps": 64, "min_prompts": 100_000, "eval_max_new_tokens": 65_536}
 
 
 @dataclass(frozen=True)
@@ -28,7 +44,11 @@ class Profile:
 
     verify_ms is everything a cycle costs besides the draft steps (the verify forward, acceptance,
     cache bookkeeping, the drafter's extend): measured as a whole cycle, as the seed's 30 ms was.
-    min_prompts: the fewest held-out prompts an evaluation needs to count as promotion evidence."""
+    min_prompts: the fewest held-out prompts an evaluation needs to count as promotion evidence.
+    workload: the prompts evidence must be measured on (traffic classes with shares; one class 'all'
+    for a single pinned set; none: no evaluation can stand as evidence for this profile), decoded with
+    eval_max_new_tokens at eval_temperature. Production needs every class with at least min_share of the
+    traffic projected at class_floor times plain decoding or better."""
 
     name: str
     baseline_tps: float
@@ -36,6 +56,11 @@ class Profile:
     draft_step_ms: float
     draft_steps: int
     min_prompts: int = DEFAULT_MIN_PROMPTS
+    min_share: float = 0.05
+    class_floor: float = 1.0
+    eval_max_new_tokens: int = 64
+    eval_temperature: float = 0.0
+    workload: tuple[TrafficClass, ...] = field(default=())
     description: str = ""
 
     @property
@@ -45,9 +70,18 @@ class Profile:
     def with_draft_steps(self, k: int) -> Profile:
         return replace(self, draft_steps=k)
 
-    def values(self) -> dict[str, float | int | str]:
-        """What decisions depend on (the description does not)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "description"}
+    def values(self) -> dict[str, object]:
+        """What decisions depend on (the description does not; a class's file is its digest, not its path)."""
+        out: dict[str, object] = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "description"}
+        out["workload"] = [c.identity() for c in self.workload]
+        return out
+
+    def traffic_class(self, name: str) -> TrafficClass:
+        for c in self.workload:
+            if c.name == name:
+                return c
+        known = ", ".join(c.name for c in self.workload) or "none"
+        raise BadInput(f"profile {self.name} has no traffic class {name!r} (classes: {known})")
 
     @property
     def digest(self) -> str:
@@ -71,28 +105,40 @@ def load_profile(name_or_path: str, profile_dir: Path = PROFILE_DIR) -> Profile:
     if not isinstance(raw, dict):
         raise BadInput(f"{path}: expected a mapping of profile fields")
     values: dict = {"name": str(raw.get("name", path.stem)), "description": str(raw.get("description", ""))}
-    known = {f.name for f in fields(Profile)} | {"measured"}
+    known = set(NUMBERS) | {"name", "description", "measured", "workload", "eval_prompts", "eval_prompts_sha256"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise BadInput(f"{path}: unknown profile field(s) {', '.join(unknown)}")
-    for f in fields(Profile):
-        if f.name in values:
+    for key, default in NUMBERS.items():
+        if key not in raw:
+            if default is None:
+                raise BadInput(f"{path}: profile is missing field '{key}'")
             continue
-        if f.name not in raw:
-            if f.name == "min_prompts":
-                continue
-            raise BadInput(f"{path}: profile is missing field '{f.name}'")
-        value = raw[f.name]
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise BadInput(f"{path}: profile field '{f.name}' must be a number, got {value!r}")
-        values[f.name] = int(value) if f.name in ("draft_steps", "min_prompts") else float(value)
+        values[key] = _number(raw[key], key, path)
     if values["baseline_tps"] <= 0 or values["verify_ms"] <= 0 or values["draft_step_ms"] < 0:
         raise BadInput(f"{path}: baseline_tps and verify_ms must be > 0, draft_step_ms >= 0")
-    if values["draft_steps"] < 1:
-        raise BadInput(f"{path}: draft_steps must be >= 1")
-    if values.get("min_prompts", DEFAULT_MIN_PROMPTS) < 1:
-        raise BadInput(f"{path}: min_prompts must be >= 1")
+    for key in WHOLE:
+        if values.get(key, 1) < 1:
+            raise BadInput(f"{path}: {key} must be >= 1")
+    if not 0 <= values.get("min_share", 0.05) <= 1:
+        raise BadInput(f"{path}: min_share must be in [0, 1]")
+    if values.get("class_floor", 1.0) <= 0 or values.get("eval_temperature", 0.0) < 0:
+        raise BadInput(f"{path}: class_floor must be > 0 and eval_temperature >= 0")
+    values["workload"] = parse_workload(raw, path)
     return Profile(**values)
+
+
+def _number(value: object, key: str, path: Path) -> float | int:
+    """A finite number; whole where the field counts something, and within a sane bound."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise BadInput(f"{path}: profile field '{key}' must be a finite number, got {value!r}")
+    if key in WHOLE:
+        if value != int(value):
+            raise BadInput(f"{path}: profile field '{key}' must be a whole number, got {value!r}")
+        if value > BOUNDS[key]:
+            raise BadInput(f"{path}: profile field '{key}' is {value!r}, more than {BOUNDS[key]}")
+        return int(value)
+    return float(value)
 
 
 def break_even_accept_len(profile: Profile) -> float:

@@ -8,7 +8,6 @@ per-position acceptance of the decoding trace, and this host's measured speedup)
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,22 +115,17 @@ class OnlineResult:
 
 def pooled_accept_len(per_prompt: list[tuple[int, int]]) -> float:
     """Tokens over cycles, pooled across prompts (a prompt with more cycles weighs more)."""
-    return sum(t for t, _ in per_prompt) / max(1, sum(c for _, c in per_prompt))
+    from drafter.workload import pooled
+
+    return pooled(per_prompt)
 
 
 def bootstrap_ci(per_prompt: list[tuple[int, int]], iters: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """95% bootstrap interval of the pooled accept_len, resampling prompts (cycles within a prompt are
-    not independent)."""
-    per = [p for p in per_prompt if p[1]]
-    if not per:
-        return (1.0, 1.0)
-    rng = random.Random(seed)
-    stats = []
-    for _ in range(iters):
-        pick = [per[rng.randrange(len(per))] for _ in per]
-        stats.append(pooled_accept_len(pick))
-    stats.sort()
-    return stats[int(0.025 * iters)], stats[int(0.975 * iters) - 1]
+    """95% interval of the pooled accept_len, resampling prompts (cycles within a prompt are not
+    independent): the traffic mix's interval with one class, so every figure uses one method."""
+    from drafter.workload import mix_ci
+
+    return mix_ci([(1.0, per_prompt)], iters, seed)
 
 
 def prompt_ids(tokenizer: Any, record: dict[str, Any], max_len: int) -> tuple[torch.Tensor, bool]:
@@ -276,5 +270,45 @@ def drafters_figure(rows: list[tuple[str, float, float, float]], break_even: flo
     ax.set_xlabel("drafter")
     ax.set_title(title)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def class_bars_figure(
+    rows: list[tuple[str, float, float, float, float]],
+    break_even: float,
+    floor: float,
+    min_share: float,
+    k: int,
+    title: str,
+):
+    """accept_len per traffic class (and the mix, last) with 95% intervals against break-even; a class
+    projected below the floor is red, one too small to be held to it grey, the rest green."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    labels, colors = [], []
+    for name, share, L, lo, _ in rows:
+        if name == "mix":
+            labels.append("traffic mix")
+            colors.append("tab:green" if lo > break_even else "tab:red")
+            continue
+        labels.append(f"{name}\n{share:.0%} of traffic")
+        held = share >= min_share
+        colors.append("tab:gray" if not held else ("tab:green" if L / break_even >= floor else "tab:red"))
+    means = [r[2] for r in rows]
+    err = [[r[2] - r[3] for r in rows], [r[4] - r[2] for r in rows]]
+    ax.bar(labels, means, yerr=err, color=colors, capsize=8)
+    ax.axhline(break_even, color="black", linestyle="--", label=f"break-even {break_even:.2f}")
+    if floor != 1.0:
+        ax.axhline(floor * break_even, color="tab:red", linestyle=":", label=f"class floor {floor:g}x")
+    ax.axhline(k + 1, color="grey", linestyle=":", label=f"ceiling k+1 = {k + 1}")
+    ax.set_ylim(0, k + 1.6)
+    ax.set_ylabel("accept_len (tokens per verify cycle)")
+    ax.set_title(title)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8, frameon=False)
     fig.tight_layout()
     return fig

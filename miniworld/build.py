@@ -442,6 +442,88 @@ def build_pool(cfg: BuildConfig, out: Path, n: int = POOL_CONVERSATIONS) -> dict
     return record
 
 
+WORKLOAD_PROMPTS = 24  # per traffic class
+
+
+def unseen_sources(cfg: BuildConfig) -> tuple[list[Path], list[str]]:
+    """Standard-library files past each era's corpus cap, and the English documentation (pydoc topics,
+    also past the cap): the same kinds of text the targets were trained on, none of it seen in training."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in stdlib.glob("*.py") if not p.name.startswith("_"))
+    unseen: list[Path] = []
+    for era in ([p for p in files if p.name[0] <= "m"], [p for p in files if p.name[0] > "m"]):
+        n = 0
+        for path in era:
+            if n >= cfg.corpus_chars // 2:
+                unseen.append(path)
+            else:
+                n += len(path.read_text(errors="replace"))
+    from pydoc_data import topics
+
+    return unseen, [topics.topics[k] for k in sorted(topics.topics)]
+
+
+def repl_sessions(text: str) -> list[list[str]]:
+    """Interactive sessions quoted in docstrings: runs of `>>>` lines with their output."""
+    blocks, cur = [], []
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith(">>>") or (cur and s and not s.startswith('"""')):
+            cur.append(s)
+            continue
+        if sum(c.startswith(">>>") for c in cur) >= 2:
+            blocks.append(cur)
+        cur = []
+    return blocks
+
+
+def workload_texts(cfg: BuildConfig) -> dict[str, list[str]]:
+    """Three traffic classes of held-out text: source code (REPL sessions taken out), documentation, and
+    the REPL sessions themselves."""
+    files, docs = unseen_sources(cfg)
+    code, repl = [], []
+    for path in files:
+        text = path.read_text(errors="replace")
+        sessions = repl_sessions(text)
+        repl += ["\n".join(b) for b in sessions]
+        quoted = {line for b in sessions for line in b}
+        code.append("\n".join(line for line in text.splitlines() if line.strip() not in quoted))
+    return {"code": code, "docs": docs, "repl": repl}
+
+
+def build_workload(cfg: BuildConfig, out: Path, n: int = WORKLOAD_PROMPTS) -> dict:
+    """The deployment's traffic classes, answered greedily by k2.5-mini as the other prompt sets are:
+    workload-<class>.jsonl, disjoint from every training, validation, test and pool prompt (their text
+    never entered the targets' corpus, which every other set is cut from)."""
+    from transformers import AutoTokenizer
+
+    from drafter.target import load_target
+
+    record_path = out / "build_record.json"
+    record = json.loads(record_path.read_text())
+    if record.get("config") != asdict(cfg):
+        raise SystemExit("--stage workload needs an earlier full build with the same settings")
+    t0 = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(out / "k2.5-mini")
+    model = load_target(out / "k2.5-mini").model.float().eval()
+    rng = random.Random(cfg.seed + 3)
+    classes = {}
+    for name, texts in workload_texts(cfg).items():
+        stream = token_stream(tok, texts)
+        starts = disjoint_starts(len(stream), cfg.prompt_tokens + 1, [n], rng)[0]
+        path = out / "prompts" / f"workload-{name}.jsonl"
+        write_jsonl(path, self_distilled(model, tok, stream, starts, cfg))
+        classes[name] = {
+            "prompts": n,
+            "source_tokens": len(stream),
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        }
+    record["workload"] = {"classes": classes, "seconds": time.perf_counter() - t0}
+    record["artifacts"]["prompts"] = sha256_tree(out / "prompts")
+    record_path.write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
 def build(cfg: BuildConfig, out: Path, stage: str = "all") -> dict:
     """stage 'all' builds everything; 'drafter' rebuilds aq-mini-eagle3 over an earlier full build."""
     record_path = out / "build_record.json"
@@ -490,9 +572,10 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="a few steps of everything (smoke test, not for use)")
     p.add_argument(
         "--stage",
-        choices=["all", "drafter", "pool"],
+        choices=["all", "drafter", "pool", "workload"],
         default="all",
-        help="'drafter': retrain aq-mini-eagle3 only; 'pool': write the K2.5 conversation pool; both over an "
+        help="'drafter': retrain aq-mini-eagle3 only; 'pool': write the K2.5 conversation pool; 'workload': write the "
+        "traffic classes of the deployment profile; each over an "
         "earlier full build in --out",
     )
     args = p.parse_args()
@@ -512,6 +595,9 @@ def main() -> None:
         )
     if args.stage == "pool":
         print(json.dumps(build_pool(cfg, Path(args.out))["pool"], indent=2))
+        return
+    if args.stage == "workload":
+        print(json.dumps(build_workload(cfg, Path(args.out))["workload"], indent=2))
         return
     record = build(cfg, Path(args.out), args.stage)
     print(json.dumps(record["figures"], indent=2))

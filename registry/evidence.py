@@ -1,34 +1,56 @@
-"""Evaluation evidence: each evaluation kept whole, bound to the conditions it was measured under.
+"""Evaluation evidence: each evaluation kept whole, signed, and bound to what it was measured on.
 
-An evaluate run carries `evidence.json` (the record below, with the per-prompt cycle counts that
-accept_len and its interval are computed from) and run tags that the MLflow UI lists. Nothing is
-overwritten: every evaluation stays a record; the version's `eval.<profile>.*` tags only point at the
-latest one for the UI. A decision reads the records, never the tags, and recomputes what it depends
-on: accept_len and its interval from the per-prompt counts, break-even from the profile it loads, the
-target's identity from the target, the weights' identity from the version's files.
+An evaluate run carries `evidence.json`: the per-class, per-prompt cycle counts that accept_len and its
+interval are computed from, the prompts' identities, the digest of every file the engine loaded, the
+profile's values, the target, the engine. It is signed (registry.signing) by the evaluating process, so
+a person with registry access can read evidence but cannot write it. A decision verifies the signature
+before reading anything else, checks the counts are physically possible, and recomputes every figure:
+tags are pointers for the UI, never evidence.
+
+Which records count: every record of the version, from every experiment, whatever its run's state
+(deleted and FAILED runs included: MLflow keeps them until garbage collection), measured on exactly the
+prompts the profile pins. The least favourable one decides. A record is withdrawn only by a newer one of
+the same engine on the same pinned prompts (greedy decoding, so a re-run cannot draw a lucky sample);
+a record that fails its signature or its bounds stands as a refusal until such a newer record exists.
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from drafter.cost import Profile, break_even_accept_len
-from drafter.evaluation import bootstrap_ci, pooled_accept_len
+from drafter.workload import class_figures, mix_accept_len, mix_ci
+from registry import signing
 from registry.policy import Evidence
 
 EVIDENCE_FILE = "evidence.json"
 TAG = "drafterops.evidence"  # on the evaluate run: "<model>/<version>"
 ENGINES_BOUND_TO_WEIGHTS = ("in-process", "vllm", "sglang")  # engines the project launched itself
+FORMAT = 2
+WORKLOAD = "workload"  # scope of an evaluation on every class the profile pins
+
+
+@dataclass
+class ClassCounts:
+    """One traffic class as measured: its prompts' identities and (tokens, cycles) per prompt."""
+
+    name: str
+    share: float
+    prompts_sha256: str  # of the file the prompts were read from
+    prompt_keys: list[str]
+    per_prompt: list[tuple[int, int]]
 
 
 @dataclass
 class EvidenceRecord:
     model: str
     version: str
+    drafter_files: dict[str, str]  # every file the engine loads -> sha256 (config.json canonicalised)
     weights_sha256: str
     profile: str
     profile_digest: str
@@ -36,41 +58,66 @@ class EvidenceRecord:
     draft_steps: int
     target: str
     target_digest: str
-    prompts: str
-    prompts_digest: str
-    num_prompts: int
     temperature: float
     max_new_tokens: int
     engine: str
     engine_version: str
-    per_prompt: list[tuple[int, int]]  # (sum of accepted + 1 over its verify cycles, verify cycles) per prompt
+    classes: list[ClassCounts]
+    scope: str = WORKLOAD  # "workload", "class:<name>" or "prompts:<file>"
     dataset_digest: str = ""
     sim_accept_len: float | None = None
     aux_layers: dict[str, Any] | None = None  # what the engine was handed and which layers it feeds
     endpoint: str = ""  # a server the user runs (not launched by the project)
     drafter_attested: bool = True  # the project launched the engine with the version's own files
-    run_id: str = ""
+    created: float = field(default_factory=time.time)
+    format: int = FORMAT
+    run_id: str = ""  # where it was read from; not part of the signed record
+
+    @property
+    def per_prompt(self) -> list[tuple[int, int]]:
+        return [p for c in self.classes for p in c.per_prompt]
+
+    @property
+    def num_prompts(self) -> int:
+        return sum(len(c.per_prompt) for c in self.classes)
+
+    def parts(self) -> list[tuple[float, list[tuple[int, int]]]]:
+        return [(c.share, c.per_prompt) for c in self.classes]
 
     @property
     def accept_len(self) -> float:
-        return pooled_accept_len(self.per_prompt)
+        """The mix: share-weighted over classes (one class: the pooled figure)."""
+        return mix_accept_len(self.parts())
 
     def ci(self) -> tuple[float, float]:
-        return bootstrap_ci(self.per_prompt)
+        return mix_ci(self.parts())
+
+    def payload(self) -> dict[str, Any]:
+        """The record, plus the figures derived from it for a reader (a decision recomputes them)."""
+        body = asdict(self)
+        body.pop("run_id")
+        lo, hi = self.ci()
+        body["figures"] = {
+            "accept_len": self.accept_len,
+            "accept_len_ci_low": lo,
+            "accept_len_ci_high": hi,
+            "break_even_accept_len": self.profile_values["baseline_tps"]
+            * (self.profile_values["verify_ms"] + self.draft_steps * self.profile_values["draft_step_ms"])
+            / 1000,
+        }
+        return body
 
     def to_json(self) -> str:
-        """The record, plus the figures derived from it for a reader (a decision recomputes them)."""
-        lo, hi = self.ci()
-        figures = {"accept_len": self.accept_len, "accept_len_ci_low": lo, "accept_len_ci_high": hi}
-        figures["break_even_accept_len"] = break_even_accept_len(Profile(**self.profile_values))
-        return json.dumps({**asdict(self), "figures": figures}, indent=1, sort_keys=True)
+        return json.dumps(signing.sign(self.payload()), indent=1, sort_keys=True, allow_nan=False)
 
     @classmethod
-    def from_json(cls, text: str, run_id: str) -> EvidenceRecord:
-        raw = json.loads(text)
-        raw["per_prompt"] = [(int(t), int(c)) for t, c in raw["per_prompt"]]
+    def from_payload(cls, raw: dict[str, Any], run_id: str) -> EvidenceRecord:
+        raw = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__}
+        raw["classes"] = [
+            ClassCounts(**{**c, "per_prompt": [(int(t), int(n)) for t, n in c["per_prompt"]]}) for c in raw["classes"]
+        ]
         raw["run_id"] = run_id
-        return cls(**{k: v for k, v in raw.items() if k in cls.__dataclass_fields__})
+        return cls(**raw)
 
     def run_tags(self) -> dict[str, str]:
         """What the run list shows (the record itself is the artifact)."""
@@ -78,31 +125,106 @@ class EvidenceRecord:
             TAG: f"{self.model}/{self.version}",
             "evidence.profile": self.profile,
             "evidence.profile_digest": self.profile_digest[:16],
+            "evidence.scope": self.scope,
             "evidence.draft_steps": str(self.draft_steps),
             "evidence.target": self.target,
             "evidence.target_digest": self.target_digest[:16],
-            "evidence.prompts_digest": self.prompts_digest[:16],
+            "evidence.classes": ",".join(c.name for c in self.classes),
             "evidence.num_prompts": str(self.num_prompts),
             "evidence.engine": self.engine,
             "evidence.engine_version": self.engine_version,
             **({"evidence.endpoint": self.endpoint} if self.endpoint else {}),
             "evidence.temperature": f"{self.temperature:g}",
+            "evidence.key_id": signing.load_key().id,
         }
 
 
-def mismatches(rec: EvidenceRecord, profile: Profile, target_digest: str, weights_sha256: str) -> list[str]:
-    """Why a record cannot stand as evidence for this profile, target and weights (empty: it can)."""
+class Unusable(Exception):
+    """A record that cannot be read as evidence at all (unsigned, forged, impossible counts)."""
+
+
+def read_record(text: str, run_id: str) -> EvidenceRecord:
+    """Verify first, then parse, then check the counts are possible; Unusable says why not."""
+    try:
+        raw = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise Unusable("not JSON") from None
+    if not isinstance(raw, dict):
+        raise Unusable("not a record")
+    why = signing.verify(raw)
+    if why:
+        raise Unusable(why)
+    try:
+        rec = EvidenceRecord.from_payload(raw, run_id)
+    except (KeyError, TypeError, ValueError):
+        raise Unusable("signed, but not a record of this format") from None
+    impossible = sanity(rec)
+    if impossible:
+        raise Unusable("impossible counts: " + impossible[0])
+    return rec
+
+
+def sanity(rec: EvidenceRecord) -> list[str]:
+    """What no real decoding can produce: more tokens than k + 1 per cycle or fewer than one, more than
+    the output holds (max_new_tokens, plus the k a last cycle may overshoot by), counts without prompts."""
+    k, why = rec.draft_steps, []
+    for c in rec.classes:
+        if len(c.per_prompt) != len(c.prompt_keys):
+            why.append(f"class {c.name}: {len(c.per_prompt)} counts for {len(c.prompt_keys)} prompts")
+        for i, (tokens, cycles) in enumerate(c.per_prompt):
+            if cycles < 0 or tokens < cycles or tokens > (k + 1) * cycles:
+                why.append(f"class {c.name} prompt {i}: {tokens} tokens in {cycles} cycles at {k} draft steps")
+            elif tokens > rec.max_new_tokens + k or cycles > rec.max_new_tokens:
+                why.append(
+                    f"class {c.name} prompt {i}: {tokens} tokens in {cycles} cycles at max_new_tokens "
+                    f"{rec.max_new_tokens}"
+                )
+    if not rec.classes or abs(sum(c.share for c in rec.classes) - 1) > 1e-6:
+        why.append("class shares do not sum to 1")
+    return why
+
+
+def pinned_keys(profile: Profile) -> dict[str, list[str]]:
+    """The prompt identities the profile pins, per class (each file checked against its digest)."""
+    return {c.name: c.keys() for c in profile.workload}
+
+
+def mismatches(
+    rec: EvidenceRecord,
+    profile: Profile,
+    target_digest: str,
+    drafter_files: dict[str, str],
+    pinned: dict[str, list[str]] | None = None,
+) -> list[str]:
+    """Why a record cannot stand as evidence for this profile, target and drafter (empty: it can)."""
     why = []
+    pinned = pinned_keys(profile) if pinned is None else pinned
+    if not profile.workload:
+        why.append(f"profile {profile.name} pins no evaluation prompts (eval_prompts or workload)")
+    elif rec.scope != WORKLOAD:
+        why.append(f"measured on {rec.scope.replace(':', ' ', 1)} only, not on the profile's whole workload")
+    else:
+        why += _prompt_mismatches(rec, profile, pinned)
     if rec.profile_digest != profile.digest:
         why.append(f"measured under other profile values than {profile.name}'s")
     if rec.draft_steps != profile.draft_steps:
         why.append(f"{rec.draft_steps} draft steps, the profile uses {profile.draft_steps}")
+    if rec.max_new_tokens != profile.eval_max_new_tokens or rec.temperature != profile.eval_temperature:
+        why.append(
+            f"decoded {rec.max_new_tokens} new tokens at temperature {rec.temperature:g}; the profile pins "
+            f"{profile.eval_max_new_tokens} at {profile.eval_temperature:g}"
+        )
     if rec.target_digest != target_digest:
         why.append(f"measured on another target ({rec.target})")
-    if rec.num_prompts < profile.min_prompts:
-        why.append(f"{rec.num_prompts} prompts, the profile needs {profile.min_prompts}")
-    if rec.weights_sha256 != weights_sha256:
-        why.append("measured on other weights than the version holds")
+    distinct = len({key for c in rec.classes for key in c.prompt_keys})
+    if distinct < rec.num_prompts:
+        why.append(f"{rec.num_prompts} prompts counted, {distinct} distinct: a copy of a prompt is not another prompt")
+    if distinct < profile.min_prompts:
+        why.append(f"{distinct} prompts, the profile needs {profile.min_prompts}")
+    names = set(rec.drafter_files) | set(drafter_files)
+    changed = sorted(n for n in names if rec.drafter_files.get(n) != drafter_files.get(n))
+    if changed:
+        why.append(f"{', '.join(changed)} changed after evaluation run {rec.run_id or '(this record)'}")
     if rec.engine not in ENGINES_BOUND_TO_WEIGHTS:
         why.append(f"engine {rec.engine!r} cannot prove which drafter it ran")
     elif rec.endpoint or not rec.drafter_attested:
@@ -115,72 +237,138 @@ def mismatches(rec: EvidenceRecord, profile: Profile, target_digest: str, weight
     return why
 
 
+def _prompt_mismatches(rec: EvidenceRecord, profile: Profile, pinned: dict[str, list[str]]) -> list[str]:
+    names = [c.name for c in rec.classes]
+    expected = [c.name for c in profile.workload]
+    if names != expected:
+        return [f"measured on classes {names}, the profile pins {expected}"]
+    why = []
+    for measured, pin in zip(rec.classes, profile.workload, strict=True):
+        if measured.prompt_keys != pinned[pin.name]:
+            why.append(
+                f"class {pin.name} measured on other prompts than the pinned {pin.prompts.name} "
+                f"(sha256 {pin.sha256[:16]}...)"
+            )
+    return why
+
+
 def log_record(rec: EvidenceRecord) -> None:
-    """Into the active MLflow run: the whole record as an artifact, its conditions as tags."""
+    """Into the active MLflow run: the whole signed record as an artifact, its conditions as tags."""
     import mlflow
 
     mlflow.log_text(rec.to_json() + "\n", EVIDENCE_FILE)
     mlflow.set_tags(rec.run_tags())
 
 
-def records_for(c: Any, model: str, version: str) -> list[EvidenceRecord]:
-    """Every finished evaluation of this version, from every experiment, oldest first."""
+@dataclass
+class Found:
+    """What the store holds for one version: readable records, and runs whose record is unusable."""
+
+    records: list[EvidenceRecord]
+    unusable: list[tuple[str, float, str]]  # (run id, start time in s, why)
+
+
+def records_for(c: Any, model: str, version: str) -> Found:
+    """Every evaluation of this version, from every experiment, active or deleted, whatever its state,
+    oldest first."""
+    from mlflow.entities import ViewType
     from mlflow.exceptions import MlflowException
 
     from registry.naming import quote_filter_value
 
-    experiments = [e.experiment_id for e in c.search_experiments()]
+    experiments = [e.experiment_id for e in c.search_experiments(view_type=ViewType.ALL)]
     runs = c.search_runs(
         experiments,
-        filter_string=f"tags.`{TAG}` = {quote_filter_value(f'{model}/{version}')} and attributes.status = 'FINISHED'",
+        filter_string=f"tags.`{TAG}` = {quote_filter_value(f'{model}/{version}')}",
+        run_view_type=ViewType.ALL,
         order_by=["attributes.start_time ASC"],
-        max_results=1000,
+        max_results=5000,
     )
-    out = []
+    found = Found([], [])
     for run in runs:
+        started = run.info.start_time / 1000
         with tempfile.TemporaryDirectory() as tmp:
             try:
                 path = c.download_artifacts(run.info.run_id, EVIDENCE_FILE, tmp)
-                out.append(EvidenceRecord.from_json(Path(path).read_text(), run.info.run_id))
-            except (MlflowException, OSError, ValueError, KeyError, TypeError):
-                continue  # a run that claims to be evidence but holds no readable record is none
-    return out
+                found.records.append(read_record(Path(path).read_text(), run.info.run_id))
+            except Unusable as exc:
+                found.unusable.append((run.info.run_id, started, str(exc)))
+            except (MlflowException, OSError):
+                found.unusable.append((run.info.run_id, started, "claims to be evidence but holds no record"))
+    return found
+
+
+def deciding(matching: list[EvidenceRecord], greedy: bool) -> list[EvidenceRecord]:
+    """The records that still stand: with greedy decoding the newest per engine withdraws the older ones
+    (a re-run on the same pinned prompts cannot be luckier); with sampling, every one stands."""
+    if not greedy:
+        return matching
+    newest: dict[str, EvidenceRecord] = {}
+    for rec in sorted(matching, key=lambda r: r.created):
+        newest[rec.engine] = rec
+    return list(newest.values())
 
 
 def recompute(c: Any, mv: Any, profile: Profile, model_target: str) -> Evidence:
     """Everything the promotion rule depends on for one version, recomputed now: the shape gate from
-    the version's headers against the registered target, the weights' sha256 from its files, the
-    target's identity, and the least favourable evaluation record whose conditions match (so that no
-    lucky run can be picked out of several). Tags are never read."""
+    the version's headers against the registered target, the digest of every file the engine loads,
+    the target's identity, and the least favourable standing record on the profile's pinned prompts.
+    Tags are never read."""
     from drafter.compat import check_compat, drafter_facts, target_facts, verdict
     from drafter.fingerprint import target_digest
     from registry import store
 
     _, folder = store.version_folder(f"models:/{mv.name}/{mv.version}")
     gate = verdict(check_compat(drafter_facts(folder), target_facts(model_target)))
-    sha = store.weights_sha256(store.file_hashes(folder))
+    files = store.drafter_files(folder)
     tdigest = target_digest(model_target)
-    records = records_for(c, mv.name, str(mv.version))
+    found = records_for(c, mv.name, str(mv.version))
+    pinned = pinned_keys(profile)
+    from registry.lineage import overlap, training_prompt_keys
+
+    contaminated = overlap(training_prompt_keys(c, mv), pinned)
     matching, refused = [], []
-    for rec in records:
-        why = mismatches(rec, profile, tdigest, sha)
+    for rec in found.records:
+        why = mismatches(rec, profile, tdigest, files, pinned)
         (refused if why else matching).append((rec, why))
-    if not matching:
-        if not records:
+    standing = deciding([r for r, _ in matching], profile.eval_temperature == 0)
+    newest = max((r.created for r in standing), default=0.0)
+    blocking = [(run, why) for run, started, why in found.unusable if started >= newest]
+    base = Evidence(str(mv.version), gate, model_target, classes=(), min_share=profile.min_share,
+                    class_floor=profile.class_floor, contaminated=contaminated)  # fmt: skip
+    if blocking:
+        run, why = blocking[-1]
+        note = (
+            f"evaluation run {run} is not usable evidence ({why}); a record is withdrawn only by a newer "
+            f"evaluation on {profile.name}'s pinned prompts"
+        )
+        return _with(base, note=note, unusable=True)
+    if not standing:
+        if not found.records:
             note = f"never evaluated (no evaluation record of v{mv.version})"
         else:
             same_name = [rw for rw in refused if rw[0].profile == profile.name]
             rec, why = (same_name or refused)[-1]
             note = (
-                f"none of {len(records)} evaluation(s) matches {profile.name}: latest run {rec.run_id}: "
+                f"none of {len(found.records)} evaluation(s) counts for {profile.name}: latest run {rec.run_id}: "
                 + "; ".join(why)
             )
-        return Evidence(str(mv.version), gate, model_target, note=note)
-    with_ci = [(rec, rec.ci()) for rec, _ in matching]
-    rec, (lo, _) = min(with_ci, key=lambda rc: rc[1][0])
-    note = f"{rec.num_prompts} prompts, {rec.draft_steps} draft steps, engine {rec.engine}"
-    if len(matching) > 1:
-        note += f"; the least favourable of {len(matching)} matching evaluations"
-    return Evidence(
-        str(mv.version), gate, model_target, rec.accept_len, lo, break_even_accept_len(profile), rec.run_id, note
+        return _with(base, note=note)
+    rec = min(standing, key=lambda r: r.ci()[0])
+    lo, _ = rec.ci()
+    be = break_even_accept_len(profile)
+    classes, _ = class_figures([(c.name, c.share, c.per_prompt) for c in rec.classes], be)
+    note = (
+        f"{rec.num_prompts} pinned prompts in {len(rec.classes)} class(es), {rec.draft_steps} draft steps, "
+        f"engine {rec.engine}"
     )
+    if len(standing) > 1:
+        note += f"; the least favourable of {len(standing)} standing evaluations"
+    return _with(base, accept_len=rec.accept_len, ci_low=lo, break_even=be, run_id=rec.run_id, note=note,
+                 classes=tuple(classes))  # fmt: skip
+
+
+def _with(base: Evidence, **changes: Any) -> Evidence:
+    from dataclasses import replace
+
+    return replace(base, **changes)

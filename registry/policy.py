@@ -6,13 +6,16 @@ target (against its weights, not its config alone); (2) an evaluation whose cond
 profile (its values, not its name), the target, the draft depth and the version's weights, on at
 least the profile's min_prompts; (3) its accept_len_ci_low > break-even recomputed from the profile;
 (4) not worse than the current production version on the same evidence (by more than `margin`).
-staging: (1) (a config-only gate will do), (2) and accept_len > break-even.
+and (5) no traffic class with at least the profile's min_share of the traffic projected slower than
+class_floor times plain decoding. With a workload, accept_len is the traffic mix's (share-weighted).
+staging: (1) (a config-only gate will do), (2) and the mix's accept_len > break-even.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from drafter.workload import ClassFigure
 from registry import naming
 
 
@@ -29,6 +32,11 @@ class Evidence:
     break_even: float | None = None
     run_id: str | None = None
     note: str = ""
+    classes: tuple[ClassFigure, ...] = ()  # per traffic class, from the deciding record
+    min_share: float = 0.05
+    class_floor: float = 1.0
+    unusable: bool = False  # a record that fails its signature or bounds stands in the way
+    contaminated: dict[str, int] = field(default_factory=dict)  # class -> pinned prompts it was trained on
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,11 @@ def decide(
     if evaluated and candidate.run_id:
         detail = f"evaluation run {candidate.run_id}" + (f" ({candidate.note})" if candidate.note else "")
     d.reasons.append(Reason("evaluated", evaluated, detail))
+    if candidate.contaminated:
+        spots = "; ".join(
+            f"evaluated on {n} prompts it was trained on (class {c})" for c, n in candidate.contaminated.items()
+        )
+        d.reasons.append(Reason("not trained on its evaluation", False, spots))
     if not evaluated:
         return d
     be, L = candidate.break_even, candidate.accept_len
@@ -104,6 +117,7 @@ def decide(
             else f"accept_len_ci_low {lo:.3f} {'>' if ok else '<='} break-even {be:.3f}",
         )
     )
+    _class_floor(d, candidate)
     if incumbent is None or incumbent.version == candidate.version:
         d.reasons.append(
             Reason(
@@ -130,3 +144,21 @@ def decide(
             )
         )
     return d
+
+
+def _class_floor(d: Decision, ev: Evidence) -> None:
+    """No class that carries real traffic may be served slower than the floor (one row per class)."""
+    for c in ev.classes:
+        if len(ev.classes) == 1 and c.name == "all":
+            return
+        counts = c.share >= ev.min_share
+        ok = c.speedup >= ev.class_floor or not counts
+        verdict = "" if counts else f"; under min_share {ev.min_share:g}, not held to the floor"
+        d.reasons.append(
+            Reason(
+                f"class {c.name} ({c.share:.0%} of traffic)",
+                ok,
+                f"class {c.name}: accept_len {c.accept_len:.3f} [{c.ci_low:.3f}, {c.ci_high:.3f}] projects "
+                f"{c.speedup:.2f}x plain decoding, floor {ev.class_floor:g}x{verdict}",
+            )
+        )

@@ -7,6 +7,7 @@ import fcntl
 import hashlib
 import os
 import re
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -56,6 +57,26 @@ def file_hashes(folder: Path) -> dict[str, str]:
     return {n: sha256_file(folder / n) for n in sorted(names)}
 
 
+def drafter_files(folder: Path) -> dict[str, str]:
+    """sha256 of every file an engine loads (config.json, the index, the weights): what evidence binds.
+    config.json is hashed in one canonical spelling (sorted keys, no spaces), so a reformatted file is
+    the same drafter and a changed value is not."""
+    import json
+
+    folder = Path(folder)
+    out = {n: h for n, h in file_hashes(folder).items() if n not in ("README.md", "LICENSE")}
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        raise BadInput(f"{folder}/config.json: missing or not valid JSON") from None
+    out["config.json"] = hashlib.sha256(json.dumps(config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return out
+
+
+def drafter_digest(files: dict[str, str]) -> str:
+    return hashlib.sha256("\n".join(f"{n} {h}" for n, h in sorted(files.items())).encode()).hexdigest()
+
+
 def weights_sha256(hashes: dict[str, str]) -> str:
     """The weights' identity: the file's hash, or a hash of the sorted shard hashes when sharded."""
     shards = sorted(v for k, v in hashes.items() if k.endswith(".safetensors"))
@@ -88,24 +109,52 @@ def get_version(uri: str, mlflow_client: Any = None):
 
 
 def download_version(uri: str, dst: str | Path | None = None) -> DrafterRef:
-    """Resolve a models:/ URI and download its drafter folder (the model's own files). Downloads are
-    cached per tracking store, name and version, and reused only when their weights' sha256 still
-    matches the version's tag."""
+    """Resolve a models:/ URI to a folder holding the version's files as the registry holds them now.
+
+    A local artifact store is read in place. Otherwise the files are fetched fresh and kept under the
+    digest of what was fetched (a content-addressed cache): a version whose files changed in the store
+    is never measured from a stale copy."""
     import shutil
 
     import mlflow
 
     c = client()
     mv = get_version(uri, c)
+    ref = dict(model_name=mv.name, model_version=str(mv.version))
+    if dst is None:
+        local = _local_artifacts(c, mv)
+        if local is not None:
+            return DrafterRef(uri, local, "registry", **ref)
     store_key = hashlib.sha256(str(c.tracking_uri).encode()).hexdigest()[:12]
-    dst = Path(dst) if dst else cache_dir() / store_key / mv.name / str(mv.version)
-    expected = mv.tags.get(naming.TAG_SHA256)
-    if (dst / "config.json").is_file() and expected and weights_sha256(file_hashes(dst)) != expected:
-        shutil.rmtree(dst)
-    if not (dst / "config.json").is_file():
-        dst.mkdir(parents=True, exist_ok=True)
-        mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{mv.name}/{mv.version}", dst_path=str(dst))
-    return DrafterRef(uri, dst, "registry", model_name=mv.name, model_version=str(mv.version))
+    base = cache_dir() / store_key
+    fetch = Path(dst) if dst else Path(tempfile.mkdtemp(prefix=".fetch-", dir=_mkdir(base)))
+    fetch.mkdir(parents=True, exist_ok=True)
+    mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{mv.name}/{mv.version}", dst_path=str(fetch))
+    if dst:
+        return DrafterRef(uri, fetch, "registry", **ref)
+    keep = base / drafter_digest(drafter_files(fetch))
+    if keep.is_dir():
+        shutil.rmtree(fetch)
+    else:
+        os.replace(fetch, keep)
+    return DrafterRef(uri, keep, "registry", **ref)
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _local_artifacts(c: Any, mv: Any) -> Path | None:
+    """The version's folder when the artifact store is a local path (nothing to download or cache)."""
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(c.get_model_version_download_uri(mv.name, mv.version))
+    if parsed.scheme in ("", "file"):
+        folder = Path(unquote(parsed.path))
+        if (folder / "config.json").is_file():
+            return folder
+    return None
 
 
 def cache_dir() -> Path:
@@ -181,17 +230,8 @@ def register_drafter(folder: Path, name: str, tags: dict[str, str], description:
 
 def version_folder(uri: str) -> tuple[Any, Path]:
     """(ModelVersion, folder with its files): in place when the artifact store is a local path, so a
-    header-only check reads headers only; downloaded otherwise."""
-    from urllib.parse import unquote, urlparse
-
-    c = client()
-    mv = get_version(uri, c)
-    location = c.get_model_version_download_uri(mv.name, mv.version)
-    parsed = urlparse(location)
-    if parsed.scheme in ("", "file"):
-        folder = Path(unquote(parsed.path))
-        if (folder / "config.json").is_file():
-            return mv, folder
+    header-only check reads headers only; fetched otherwise."""
+    mv = get_version(uri, client())
     return mv, download_version(f"models:/{mv.name}/{mv.version}").folder
 
 

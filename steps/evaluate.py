@@ -4,13 +4,14 @@ the target), projected onto a deployment profile; tags the registry version with
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 from drafter.compat import check_compat, drafter_facts, passed, target_facts
 from drafter.cost import break_even_accept_len, load_profile
 from drafter.errors import BadInput, InternalError
 from registry import evidence
-from steps._cli import log_params, none_if_empty, parser, run_step, step_run
+from steps._cli import integer, log_params, none_if_empty, parser, run_step, step_run
 from steps.import_drafter import MINIWORLD
 
 
@@ -21,14 +22,16 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--data", default="none", help="held-out hidden-state dataset (offline acceptance); optional")
     p.add_argument(
         "--prompts",
-        default=str(MINIWORLD / "prompts" / "k2.5-test.jsonl"),
-        help="held-out prompts (online acceptance); empty to skip",
+        default="auto",
+        help="auto: the prompts the profile pins (every traffic class; the only evaluation that counts as "
+        "evidence); a JSON Lines file to measure other prompts (never evidence); none to skip",
     )
+    p.add_argument("--class", dest="traffic_class", default="none", help="measure one traffic class of the profile")
     p.add_argument("--profile", default="kimi-k2.5-8xrtxpro6000")
     p.add_argument("--draft_steps", default="auto", help="k (auto: the profile's)")
-    p.add_argument("--temperature", default="0", help="0 for greedy; > 0 for lossless sampling")
-    p.add_argument("--max_new_tokens", default="64")
-    p.add_argument("--limit", default="20", help="prompts to decode (0: all)")
+    p.add_argument("--temperature", default="auto", help="auto: the profile's; 0 greedy; > 0 lossless sampling")
+    p.add_argument("--max_new_tokens", default="auto", help="auto: the profile's eval_max_new_tokens")
+    p.add_argument("--limit", default="0", help="prompts to decode per class (0: all; fewer is never evidence)")
     p.add_argument("--seed", default="0")
     p.add_argument(
         "--engine",
@@ -87,27 +90,29 @@ def run(args: argparse.Namespace) -> int:
 
     from drafter.checkpoint import load_drafter
     from drafter.evaluation import acceptance_figure, break_even_figure, evaluate_online
-    from drafter.prompts import read_prompts
     from drafter.target import load_target
 
     profile = load_profile(args.profile)
     k = _num(args.draft_steps, "draft_steps", int) if none_if_empty(args.draft_steps) else profile.draft_steps
     if k < 1:
         raise BadInput(f"--draft_steps must be >= 1, got {k}")
-    temperature = _num(args.temperature, "temperature")
-    if temperature < 0:
-        raise BadInput(f"--temperature must be >= 0, got {temperature}")
-    max_new, limit, seed = (
-        _num(args.max_new_tokens, "max_new_tokens", int),
-        _num(args.limit, "limit", int),
-        _num(args.seed, "seed", int),
+    temperature = _num(args.temperature, "temperature") if none_if_empty(args.temperature) else profile.eval_temperature
+    if not (0 <= temperature < float("inf")):
+        raise BadInput(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    max_new = (
+        integer(args.max_new_tokens, "max_new_tokens", 1)
+        if none_if_empty(args.max_new_tokens)
+        else profile.eval_max_new_tokens
     )
+    limit, seed = integer(args.limit, "limit"), _num(args.seed, "seed", int)
     base_profile, profile = profile, profile.with_draft_steps(k)
-    data_dir, prompts_path = none_if_empty(args.data), none_if_empty(args.prompts)
-    if not data_dir and not prompts_path:
+    data_dir = none_if_empty(args.data)
+    classes, scope = prompt_classes(args, base_profile, limit)
+    if not data_dir and not classes:
         raise BadInput("give --prompts (online) and/or --data (offline)")
-    records = read_prompts(prompts_path, limit or None) if prompts_path else None
+    records = [r for c in classes for r in c.records] or None
     folder, mv = resolve(args.model)
+    warn_contamination(mv, classes)
     checks = check_compat(drafter_facts(folder), target_facts(args.target))
     if not passed(checks):
         bad = "; ".join(f"{c.name}: expected {c.expected}, got {c.actual}" for c in checks if c.ok is False)
@@ -166,6 +171,11 @@ def run(args: argparse.Namespace) -> int:
             metrics["inprocess_accept_len"] = online.accept_len
         metrics.update(headline(run.accept_len, lo, hi, profile))
     metrics["break_even_accept_len"] = break_even_accept_len(profile)
+    measured = run if run is not None else online
+    by_class = None
+    if measured is not None:
+        by_class = workload_figures(classes, measured.per_prompt, profile)
+        metrics.update(figure_metrics(*by_class, profile))
     name = f"{mv.name}/v{mv.version}" if mv is not None else Path(folder).name
     with step_run("evaluate", run_name=f"evaluate {name.split('/')[-1]} @ {profile.name}"):
         log_params(
@@ -173,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
                 "model": args.model,
                 "target": args.target,
                 "data": data_dir,
-                "prompts": prompts_path,
+                "prompts": scope,
+                "class": none_if_empty(args.traffic_class) or "none",
                 "profile": profile.name,
                 "draft_steps": k,
                 "temperature": temperature,
@@ -216,18 +227,23 @@ def run(args: argparse.Namespace) -> int:
                 ),
                 "accept_len_vs_break_even.png",
             )
+            if by_class is not None and len(classes) > 1:
+                mlflow.log_figure(
+                    classes_figure(*by_class, profile, f"{name} on {profile.name}{where}"), "accept_len_by_class.png"
+                )
+                mlflow.log_table(class_table(*by_class, profile), artifact_file="classes.json")
         elif offline_acc is not None:
             mlflow.log_figure(
                 acceptance_figure(None, offline_acc, f"{name}: offline acceptance"), "acceptance_by_position.png"
             )
-        if (online is not None or run is not None) and records:
+        if measured is not None and records:
             evidence.log_record(
                 evidence_record(
-                    mv, folder, args.target, base_profile, k, prompts_path, records, temperature, max_new,
-                    run if run is not None else online, dataset_digest, metrics.get("sim_accept_len"),
+                    mv, folder, args.target, base_profile, k, scope, classes, temperature, max_new,
+                    measured, dataset_digest, metrics.get("sim_accept_len"),
                 )
             )  # fmt: skip
-        if mv is not None and (online is not None or run is not None):
+        if mv is not None and measured is not None and scope == evidence.WORKLOAD:
             from registry import describe, naming, store
 
             c = store.client()
@@ -250,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
                 c, mv.name, mv.version, f"evaluation:{profile.name}",
                 evaluation_section(
                     profile.name, metrics, k, len(records), mlflow.active_run().info.run_id,
-                    run.engine_version if run is not None else "in-process",
+                    run.engine_version if run is not None else "in-process", by_class, scope,
                 ),
             )  # fmt: skip
     print(summary(name, profile.name, metrics))
@@ -329,18 +345,175 @@ def headline(accept_len: float, lo: float, hi: float, profile) -> dict[str, floa
 
 
 def evaluation_section(
-    profile: str, m: dict[str, float], k: int, prompts: int, run_id: str, engine: str = "in-process"
-) -> str:
-    """What the version page says about its latest evaluation on a profile."""
+    profile: str, m: dict[str, float], k: int, prompts: int, run_id: str, engine: str = "in-process",
+    figures=None, scope: str = "workload",
+) -> str:  # fmt: skip
+    """What the version page says about its latest evaluation on a profile: the verdict, then each class."""
     be, L, lo, hi = m["break_even_accept_len"], m["accept_len"], m["accept_len_ci_low"], m["accept_len_ci_high"]
     verdict = "beats break-even" if lo > be else ("above break-even on the mean only" if be < L else "below break-even")
-    return (
-        f"## Evaluation on `{profile}`: {verdict}\n\n"
+    what = "the traffic mix" if figures is not None and len(figures[0]) > 1 else "the pinned prompts"
+    text = (
+        f"## Evaluation on `{profile}`: {what} {verdict}\n\n"
         "| accept_len [95% CI] | break-even | projected tok/s | sim_accept_len | draft steps | prompts | engine | run |"
         "\n|---|---|---|---|---|---|---|---|\n"
         f"| **{L:.3f}** [{lo:.3f}, {hi:.3f}] | {be:.2f} | {m['projected_tps']:.1f} ({m['projected_speedup']:.2f}x) | "
         f"{m.get('sim_accept_len', float('nan')):.3f} | {k} | {prompts} | {engine} | `{run_id}` |\n"
     )
+    if figures is not None and len(figures[0]) > 1:
+        text += "\n" + class_markdown(*figures)
+    return text
+
+
+def class_rows(classes, mix, profile) -> list[dict[str, object]]:
+    """One row per traffic class and one for the mix: the figure, the floor, the verdict."""
+    rows = []
+    for c in [*classes, mix]:
+        held = c.name == "mix" or c.share >= profile.min_share
+        floor = 1.0 if c.name == "mix" else profile.class_floor
+        ok = c.ci_low > break_even_accept_len(profile) if c.name == "mix" else (c.speedup >= floor or not held)
+        rows.append(
+            {
+                "class": c.name,
+                "share": round(c.share, 4),
+                "prompts": c.prompts,
+                "accept_len": round(c.accept_len, 4),
+                "ci_low": round(c.ci_low, 4),
+                "ci_high": round(c.ci_high, 4),
+                "projected_speedup": round(c.speedup, 4),
+                "floor": "ci_low > break-even" if c.name == "mix" else (f"{floor:g}x" if held else "none (share)"),
+                "verdict": "ok" if ok else "below",
+            }
+        )
+    return rows
+
+
+def class_table(classes, mix, profile):
+    import pandas as pd
+
+    return pd.DataFrame(class_rows(classes, mix, profile))
+
+
+def class_markdown(classes, mix) -> str:
+    lines = ["| class | share | prompts | accept_len [95% CI] | projected speed-up |", "|---|---|---|---|---|"]
+    for c in [*classes, mix]:
+        label = "**mix**" if c.name == "mix" else c.name
+        lines.append(
+            f"| {label} | {c.share:.0%} | {c.prompts} | {c.accept_len:.3f} [{c.ci_low:.3f}, {c.ci_high:.3f}] | "
+            f"{c.speedup:.2f}x |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def classes_figure(classes, mix, profile, title: str):
+    from drafter.evaluation import class_bars_figure
+
+    return class_bars_figure(
+        [(c.name, c.share, c.accept_len, c.ci_low, c.ci_high) for c in [*classes, mix]],
+        break_even_accept_len(profile),
+        profile.class_floor,
+        profile.min_share,
+        profile.draft_steps,
+        title,
+    )
+
+
+@dataclass
+class MeasuredClass:
+    """A class of prompts as this evaluation decodes them."""
+
+    name: str
+    share: float
+    path: Path
+    sha256: str
+    records: list
+
+
+def prompt_classes(args: argparse.Namespace, profile, limit: int) -> tuple[list[MeasuredClass], str]:
+    """(classes to decode, scope): the profile's pinned workload by default; one class of it with
+    --class; a file of the user's with --prompts (measured, never evidence)."""
+    from drafter.prompts import file_digest, read_prompts
+
+    chosen, name = none_if_empty(args.prompts), none_if_empty(args.traffic_class)
+    if args.prompts in ("none", ""):
+        return [], "none"
+    if chosen and name:
+        raise BadInput("give --class (one of the profile's traffic classes) or --prompts (a file), not both")
+    if chosen:
+        from drafter.workload import prompt_key
+
+        path = Path(chosen)
+        records = read_prompts(path, limit or None)
+        repeats = len(records) - len({prompt_key(r) for r in records})
+        if repeats:
+            print(f"evaluate: warning: {path}: {repeats} prompts repeat; copies are not independent prompts")
+        print(f"evaluate: {path.name} is not a prompt set {profile.name} pins: measured, but not evidence for it")
+        return [MeasuredClass("prompts", 1.0, path, file_digest(path), records)], f"prompts:{path.name}"
+    pinned = [profile.traffic_class(name)] if name else list(profile.workload)
+    if not pinned:
+        raise BadInput(
+            f"profile {profile.name} pins no evaluation prompts (eval_prompts or workload); give --prompts FILE "
+            "(measured, but never evidence for it)"
+        )
+    out = []
+    for c in pinned:
+        records = c.records()  # checks the file against its pinned digest
+        if limit and limit < len(records):
+            print(f"evaluate: warning: --limit {limit} decodes part of class {c.name}: not evidence for {profile.name}")
+            records = records[:limit]
+        out.append(MeasuredClass(c.name, 1.0 if name else c.share, c.prompts, c.sha256, records))
+    return out, (f"class:{name}" if name else evidence.WORKLOAD)
+
+
+def workload_figures(classes: list[MeasuredClass], per_prompt, profile):
+    """Per-class figures and the mix's, from the decoded prompts in class order."""
+    from drafter.workload import class_figures
+
+    parts, start = [], 0
+    for c in classes:
+        parts.append((c.name, c.share, list(per_prompt[start : start + len(c.records)])))
+        start += len(c.records)
+    return class_figures(parts, break_even_accept_len(profile))
+
+
+def figure_metrics(classes, mix, profile) -> dict[str, float]:
+    """The headline is the mix (share-weighted; one class: the pooled figure); each class gets its own."""
+    out = {
+        "accept_len": mix.accept_len,
+        "accept_len_ci_low": mix.ci_low,
+        "accept_len_ci_high": mix.ci_high,
+        "projected_tps": mix.speedup * profile.baseline_tps,
+        "projected_speedup": mix.speedup,
+        "projected_speedup_ci_low": mix.ci_low / break_even_accept_len(profile),
+        "projected_speedup_ci_high": mix.ci_high / break_even_accept_len(profile),
+    }
+    if len(classes) > 1:
+        for c in classes:
+            out.update(
+                {
+                    f"class_{c.name}_accept_len": c.accept_len,
+                    f"class_{c.name}_accept_len_ci_low": c.ci_low,
+                    f"class_{c.name}_accept_len_ci_high": c.ci_high,
+                    f"class_{c.name}_projected_speedup": c.speedup,
+                }
+            )
+    return out
+
+
+def warn_contamination(mv, classes: list[MeasuredClass]) -> None:
+    """Say at once when the version (or a version it descends from) was trained on these prompts."""
+    if mv is None or not classes:
+        return
+    from drafter.workload import prompt_key
+    from registry import lineage, store
+
+    trained = lineage.training_prompt_keys(store.client(), mv)
+    for c in classes:
+        overlap = sum(prompt_key(r) in trained for r in c.records)
+        if overlap:
+            print(
+                f"evaluate: warning: v{mv.version} was trained on {overlap} of these prompts (class {c.name}): "
+                "not evidence for any profile that pins them"
+            )
 
 
 STALE = 0.10  # a host profile that mis-projects what this host measures by more than this is stale
@@ -354,20 +527,27 @@ def host_profile():
 
 
 def evidence_record(
-    mv, folder, target, profile, k, prompts_path, records, temperature, max_new, online, dataset_digest, sim_accept_len
+    mv, folder, target, profile, k, scope, classes, temperature, max_new, measured, dataset_digest, sim_accept_len
 ):
     """The whole evaluation as evidence: what was measured, on what, under which conditions."""
     import torch
     import transformers
 
-    from drafter.fingerprint import records_digest, target_digest
+    from drafter.fingerprint import target_digest
+    from drafter.workload import prompt_key
     from registry import store
-    from registry.evidence import EvidenceRecord
+    from registry.evidence import ClassCounts, EvidenceRecord
 
     in_process_version = f"torch {torch.__version__}, transformers {transformers.__version__}"
+    counts, start = [], 0
+    for c in classes:
+        per = measured.per_prompt[start : start + len(c.records)]
+        start += len(c.records)
+        counts.append(ClassCounts(c.name, c.share, c.sha256, [prompt_key(r) for r in c.records], list(per)))
     return EvidenceRecord(
         model=mv.name if mv is not None else "",
         version=str(mv.version) if mv is not None else "",
+        drafter_files=store.drafter_files(folder),
         weights_sha256=store.weights_sha256(store.file_hashes(folder)),
         profile=profile.name,
         profile_digest=profile.digest,
@@ -375,19 +555,17 @@ def evidence_record(
         draft_steps=k,
         target=str(target),
         target_digest=target_digest(target),
-        prompts=str(prompts_path),
-        prompts_digest=records_digest(records),
-        num_prompts=len(records),
         temperature=temperature,
         max_new_tokens=max_new,
-        engine=getattr(online, "engine", "in-process"),
-        engine_version=getattr(online, "engine_version", None) or in_process_version,
-        per_prompt=online.per_prompt,
+        engine=getattr(measured, "engine", "in-process"),
+        engine_version=getattr(measured, "engine_version", None) or in_process_version,
+        classes=counts,
+        scope=scope,
         dataset_digest=dataset_digest,
         sim_accept_len=sim_accept_len,
-        aux_layers=getattr(online, "aux", None) or None,
-        endpoint=getattr(online, "endpoint", ""),
-        drafter_attested=getattr(online, "attested", True),
+        aux_layers=getattr(measured, "aux", None) or None,
+        endpoint=getattr(measured, "endpoint", ""),
+        drafter_attested=getattr(measured, "attested", True),
     )
 
 

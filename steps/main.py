@@ -31,8 +31,8 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="kimi-k2.5-8xrtxpro6000")
     p.add_argument("--n_trials", default="3")
     p.add_argument("--max_steps", default="150")
-    p.add_argument("--limit", default="20", help="test prompts decoded per drafter")
-    p.add_argument("--max_new_tokens", default="64")
+    p.add_argument("--limit", default="0", help="prompts decoded per traffic class (0: all; fewer is not evidence)")
+    p.add_argument("--max_new_tokens", default="auto", help="auto: the profile's (another is not evidence)")
     return p
 
 
@@ -207,8 +207,7 @@ def run(args: argparse.Namespace) -> int:
                     "model": f"models:/{name}/{version}",
                     "target": target,
                     "data": str(data["val"]),
-                    "prompts": str(prompts / "k2.5-test.jsonl"),
-                    "profile": args.profile,
+                    "profile": args.profile,  # its pinned prompts: the evaluation that counts as evidence
                     "limit": args.limit,
                     "max_new_tokens": args.max_new_tokens,
                 },
@@ -302,8 +301,28 @@ def summary(
             f"| {label} | v{version} | {L:.3f} [{lo:.3f}, {hi:.3f}] | {m.get('sim_accept_len', 0):.3f} | "
             f"{m.get('projected_tps', 0):.1f} | {be:.2f} | {verdict} |"
         )
+    lines += class_lines(results)
     lines += ["", f"promotion: {decision}", f"wall time: {seconds / 60:.1f} min"]
     return "\n".join(lines)
+
+
+def class_lines(results: dict[str, tuple[str, dict[str, float]]]) -> list[str]:
+    """Each drafter per traffic class and for the mix: accept_len [95% CI] and projected speed-up."""
+    metrics = next(iter(results.values()))[1]
+    names = sorted(k[len("class_") : -len("_accept_len")] for k in metrics if k.startswith("class_") and k.endswith(
+        "_accept_len"))  # fmt: skip
+    if not names:
+        return []
+    lines = ["", "| drafter | " + " | ".join(names) + " | traffic mix |", "|---" * (len(names) + 2) + "|"]
+    for label, (version, m) in results.items():
+        cells = [
+            f"{m[f'class_{n}_accept_len']:.2f} [{m[f'class_{n}_accept_len_ci_low']:.2f}, "
+            f"{m[f'class_{n}_accept_len_ci_high']:.2f}] {m[f'class_{n}_projected_speedup']:.2f}x"
+            for n in names
+        ]
+        mix = f"{m['accept_len']:.2f} [{m['accept_len_ci_low']:.2f}, {m['accept_len_ci_high']:.2f}] "
+        lines.append(f"| {label} v{version} | " + " | ".join(cells) + f" | {mix}{m['projected_speedup']:.2f}x |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:

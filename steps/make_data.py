@@ -11,6 +11,7 @@ from drafter.data import preflight
 from drafter.errors import BadInput
 from drafter.prompts import file_digest, read_prompts
 from drafter.target import load_target
+from drafter.workload import prompt_key
 from steps._cli import log_params, none_if_empty, parser, run_step, step_run
 
 
@@ -75,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         "hidden_size": h,
         "vocab_size": target.config.vocab_size,
         "prompts_sha256": file_digest(args.prompts),
+        "prompt_keys": sorted({prompt_key(r) for r in records}),  # what contamination is checked by
         "max_len": args.max_len,
         "limit": args.limit,
     }

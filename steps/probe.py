@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from drafter.errors import BadInput
-from steps._cli import integer, log_params, parser, run_step, step_run
+from steps._cli import integer, log_params, none_if_empty, parser, run_step, step_run
 from steps.import_drafter import MINIWORLD
 
 
@@ -20,6 +20,8 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--old_target", default=str(MINIWORLD / "k2-mini"), help="the target the drafter was trained on")
     p.add_argument("--new_target", default=str(MINIWORLD / "k2.5-mini"), help="the target it should serve")
     p.add_argument("--prompts", default=str(MINIWORLD / "prompts" / "k2.5-val.jsonl"))
+    p.add_argument("--class", dest="traffic_class", default="none", help="the profile's traffic class to probe on "
+                   "(its pinned prompts instead of --prompts)")  # fmt: skip
     p.add_argument("--limit", default="40", help="prompts to use (0: all)")
     p.add_argument("--profile", default="kimi-k2.5-8xrtxpro6000", help="zero-shot acceptance at its draft steps")
     p.add_argument("--max_len", default="512")
@@ -30,33 +32,31 @@ def build() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     import mlflow
 
-    from drafter.capture import capture, plan_capture
+    from drafter.capture import capture_records
     from drafter.checkpoint import load_drafter
     from drafter.cost import load_profile
     from drafter.data import HiddenStateDataset
     from drafter.probe import compare, figure, verdict
     from drafter.prompts import read_prompts
-    from drafter.target import load_target
     from drafter.train import attach_target_embedding, check_fit, offline_stats
     from steps.evaluate import resolve
 
     limit, max_len = integer(args.limit, "limit"), integer(args.max_len, "max_len", 2)
     profile = load_profile(args.profile)
     k = profile.draft_steps
-    records = read_prompts(args.prompts, limit or None)
+    traffic_class = none_if_empty(args.traffic_class)
+    if traffic_class:
+        records = profile.traffic_class(traffic_class).records()[: limit or None]
+        args.prompts = f"class:{traffic_class}"
+    else:
+        records = read_prompts(args.prompts, limit or None)
     folder, mv = resolve(args.drafter)
     drafter = load_drafter(folder)
     layers = list(drafter.config.aux_layer_ids)
     zero_shot, datasets = {}, {}
     with tempfile.TemporaryDirectory(prefix="drafterops-probe-") as tmp:
         for side, path in (("old", args.old_target), ("new", args.new_target)):
-            target = load_target(path)
-            target.check_layer_ids(layers)
-            meta = {"target": str(path), "layer_ids": layers, "hidden_size": target.config.hidden_size,
-                    "vocab_size": target.config.vocab_size}  # fmt: skip
-            capture(target, plan_capture(target, records, max_len), Path(tmp) / side, layers, meta,
-                    progress=args.progress)  # fmt: skip
-            del target  # one target in memory at a time
+            capture_records(path, records, Path(tmp) / side, layers, max_len, args.progress)
             ds = datasets[side] = HiddenStateDataset(Path(tmp) / side)
             check_fit(drafter.config, ds)
             attach_target_embedding(drafter, ds)

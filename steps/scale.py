@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from drafter.errors import BadInput
-from steps._cli import log_params, parser, run_step, step_run
+from steps._cli import log_params, none_if_empty, parser, run_step, step_run
 from steps.import_drafter import MINIWORLD
 from tuning.space import DEFAULT_BASELINE
 
@@ -19,10 +19,12 @@ def build() -> argparse.ArgumentParser:
     p = parser("scale", __doc__)
     p.add_argument("--init", default="models:/k2.5-mini-eagle3@imported", help="the drafter to warm-start from")
     p.add_argument("--data", required=True, help="captured training dataset the ladder draws from")
-    p.add_argument("--val_data", required=True, help="captured validation dataset")
+    p.add_argument("--val_data", default="none", help="captured validation dataset (or --class)")
     p.add_argument("--sizes", default="10,20,40,80", help="samples per rung")
     p.add_argument("--seeds", default="0,1", help="draws (and training seeds) per rung")
     p.add_argument("--profile", default="kimi-k2.5-8xrtxpro6000")
+    p.add_argument("--class", dest="traffic_class", default="none", help="validate on the profile's traffic class "
+                   "(its pinned prompts, captured on the dataset's target) instead of --val_data")  # fmt: skip
     p.add_argument("--tps", default="82,100,150,200", help="plan rows: target tok/s")
     p.add_argument("--settings", default=str(DEFAULT_BASELINE), help="training settings (YAML of TrainConfig fields)")
     p.add_argument("--epochs", default="8", help="passes over each rung's samples (the token budget per sample)")
@@ -39,6 +41,21 @@ def _ints(text: str, name: str, low: int) -> list[int]:
     if not values or min(values) < low:
         raise BadInput(f"--{name} needs values >= {low}, got {text!r}")
     return sorted(set(values))
+
+
+def class_validation(profile, name: str | None, dataset, args: argparse.Namespace):
+    """The validation set of one traffic class: its pinned prompts through the dataset's own target (kept
+    under the working folder, keyed by the class's digest, so a rerun reuses it)."""
+    if not name:
+        return None
+    from drafter.capture import capture_records
+    from drafter.data import HiddenStateDataset
+
+    cls = profile.traffic_class(name)
+    out = Path("drafterops-work") / "class-data" / f"{name}-{cls.sha256[:12]}-{dataset.digest[:12]}"
+    capture_records(str(dataset.index["target"]), cls.records(), out, dataset.layer_ids, progress=args.progress)
+    args.val_data = f"class:{name} ({out})"
+    return HiddenStateDataset(out)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,7 +81,10 @@ def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     settings = load_settings(args.settings)
     base_cfg = TrainConfig(**{**settings, "val_draft_steps": profile.draft_steps})
-    dataset, val = HiddenStateDataset(args.data), HiddenStateDataset(args.val_data)
+    dataset = HiddenStateDataset(args.data)
+    val = class_validation(profile, none_if_empty(args.traffic_class), dataset, args) or HiddenStateDataset(
+        args.val_data
+    )
     if max(sizes) > len(dataset):
         raise BadInput(f"--sizes: {max(sizes)} samples asked, {args.data} holds {len(dataset)}")
     base, _, version = prepare_init(args.init, dataset, args.arch)

@@ -99,6 +99,24 @@ def k2_sparse_drafter(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.fixture(scope="session", autouse=True)
+def evidence_key_home(tmp_path_factory):
+    """The suite's own drafterops home: the evidence key every step of the session signs with (created on
+    first use, as on a user's machine), never the user's ~/.drafterops."""
+    import os
+
+    home = tmp_path_factory.mktemp("drafterops-home")
+    saved = os.environ.get("DRAFTEROPS_HOME")
+    os.environ["DRAFTEROPS_HOME"] = str(home)
+    for name in ("DRAFTEROPS_EVIDENCE_KEY", "DRAFTEROPS_EVIDENCE_KEY_FILE"):
+        os.environ.pop(name, None)
+    yield home
+    if saved is None:
+        os.environ.pop("DRAFTEROPS_HOME", None)
+    else:
+        os.environ["DRAFTEROPS_HOME"] = saved
+
+
 # ------------------------------------------------------------------ tiny targets (no downloads)
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. " * 3,

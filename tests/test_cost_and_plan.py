@@ -51,7 +51,7 @@ def test_profile_errors_name_the_field(tmp_path):
     with pytest.raises(BadInput, match="missing field 'draft_step_ms'"):
         load_profile(str(bad))
     bad.write_text("baseline_tps: fast\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\n")
-    with pytest.raises(BadInput, match="'baseline_tps' must be a number"):
+    with pytest.raises(BadInput, match="'baseline_tps' must be a finite number"):
         load_profile(str(bad))
     with pytest.raises(BadInput, match="unknown profile 'nope'"):
         load_profile("nope")

@@ -44,7 +44,6 @@ def registered(tiny_targets, tmp_path_factory):
 
 def test_evaluate_logs_metrics_plots_and_tags(tiny_targets, registered):
     tmp = registered
-    prompts = write_prompts(tmp / "p.jsonl", PROMPTS[:3])
     flat, wrapped = tiny_targets
     from drafter.capture import capture, plan_capture
     from drafter.target import load_target
@@ -61,12 +60,10 @@ def test_evaluate_logs_metrics_plots_and_tags(tiny_targets, registered):
             str(wrapped),
             "--data",
             str(tmp / "ds"),
-            "--prompts",
-            str(prompts),
             "--max_new_tokens",
             "12",
             "--limit",
-            "3",
+            "1",
             "--no-progress",
         ],
         tmp,
@@ -103,7 +100,11 @@ def test_evaluate_logs_metrics_plots_and_tags(tiny_targets, registered):
     assert float(tags["eval.kimi-k2.5-8xrtxpro6000.accept_len"]) == pytest.approx(m["accept_len"], abs=1e-4)
     assert tags["eval.kimi-k2.5-8xrtxpro6000.break_even"] == "2.4600"
     description = c.get_model_version("k25-tiny-eagle3", "1").description
-    assert "## Evaluation on `kimi-k2.5-8xrtxpro6000`: below break-even" in description
+    assert "## Evaluation on `kimi-k2.5-8xrtxpro6000`: the traffic mix below break-even" in description
+    assert "| **mix** |" in description and "| docs | 25% | 1 |" in description
+    for cls in ("code", "docs", "repl"):  # one prompt of each class: measured per class, not evidence
+        assert f"class_{cls}_accept_len" in m
+    assert "accept_len_by_class.png" in {a.path for a in c.list_artifacts(run.info.run_id)}
 
 
 @pytest.mark.parametrize(
@@ -111,7 +112,7 @@ def test_evaluate_logs_metrics_plots_and_tags(tiny_targets, registered):
     [
         (["--profile", "nope"], "unknown profile 'nope'"),
         (["--draft_steps", "0"], "--draft_steps must be >= 1"),
-        (["--temperature", "-1"], "--temperature must be >= 0"),
+        (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
         (["--model", "models:/k25-tiny-eagle3/9"], "no such registered model version"),
     ],
 )

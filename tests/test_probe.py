@@ -100,3 +100,16 @@ def test_a_target_with_shuffled_layers_gives_clearly_lower_figures(tiny_targets,
     for layer in ("1", "2", "final"):
         assert m[f"probe_cos_{layer}"] < 0.9 and m[f"probe_cka_{layer}"] < 0.9
     assert m["probe_token_agreement"] < 1.0
+
+
+def test_a_traffic_class_of_the_profile_can_be_probed(tiny_targets, world):
+    """--class probes on the profile's pinned prompts of that class; an unknown class is bad input."""
+    flat, wrapped = tiny_targets
+    args = ["--drafter", str(world / "d"), "--old_target", str(flat), "--new_target", str(wrapped), "--limit", "4"]
+    res = run_step("probe", [*args, "--class", "docs", "--no-progress"], world)
+    assert res.returncode == 0, res.stderr[-2000:]
+    c = mlflow.MlflowClient(f"sqlite:///{world}/mlflow.db")
+    run = c.search_runs(["0"], filter_string="tags.`drafterops.step` = 'probe'", order_by=["start_time DESC"])[0]
+    assert run.data.params["resolved.prompts"] == "class:docs" and run.data.metrics["probe_token_agreement"] == 1.0
+    bad = run_step("probe", [*args, "--class", "poetry"], world)
+    assert bad.returncode == 2 and "has no traffic class 'poetry' (classes: code, docs, repl)" in bad.stderr

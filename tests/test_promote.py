@@ -51,14 +51,27 @@ def test_margin_and_staging_rules():
 MANY = [
     {"text": f"Prompt {i}: " + PROMPTS[i % len(PROMPTS)].get("text", "def add(a, b): return a + b")} for i in range(20)
 ]
-LENIENT = "name: lenient\nbaseline_tps: 10\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\n"  # break-even 0.3
+PIN = "eval_prompts: many.jsonl\neval_prompts_sha256: {sha}\neval_max_new_tokens: 8\n"
+LENIENT = "name: lenient\nbaseline_tps: 10\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\n" + PIN  # break-even 0.3
+STRICT = "name: strict\nbaseline_tps: 82\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\n" + PIN  # the seed's 2.46
+
+
+def write_profiles(tmp: Path) -> None:
+    """many.jsonl (20 distinct prompts) and the profiles that pin it: lenient (any drafter beats its
+    break-even: the positive control) and strict (the seed deployment's figures)."""
+    from drafter.prompts import file_digest
+
+    write_prompts(tmp / "many.jsonl", MANY)
+    sha = file_digest(tmp / "many.jsonl")
+    (tmp / "lenient.yaml").write_text(LENIENT.format(sha=sha))
+    (tmp / "strict.yaml").write_text(STRICT.format(sha=sha))
 
 
 def evaluate(tmp, uri, target, profile, *extra):
+    """On the profile's pinned prompts unless `extra` says otherwise."""
     res = run_step(
         "evaluate",
-        ["--model", uri, "--target", str(target), "--prompts", str(tmp / "many.jsonl"), "--profile", str(profile)]
-        + ["--max_new_tokens", "8", "--no-progress", *extra],
+        ["--model", uri, "--target", str(target), "--profile", str(profile), "--no-progress", *extra],
         tmp,
     )
     assert res.returncode == 0, res.stderr[-2000:]
@@ -75,8 +88,7 @@ def evaluated(tiny_targets, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("promote")
     _, wrapped = tiny_targets
     vocab = json.loads((wrapped / "config.json").read_text())["text_config"]["vocab_size"]
-    (tmp / "lenient.yaml").write_text(LENIENT)
-    write_prompts(tmp / "many.jsonl", MANY)
+    write_profiles(tmp)
     for seed in (1, 2):
         save_drafter(
             tiny_drafter(seed=seed, vocab_size=vocab, draft_vocab_size=128, aux_layer_ids=[0, 1, 2]),
@@ -89,20 +101,20 @@ def evaluated(tiny_targets, tmp_path_factory):
         )
         uri = f"models:/k25-tiny-eagle3/{seed}"
         assert run_step("shape_gate", ["--model", uri, "--target", str(wrapped)], tmp).returncode == 0
-    for profile in ("kimi-k2.5-8xrtxpro6000", tmp / "lenient.yaml"):
-        evaluate(tmp, "models:/k25-tiny-eagle3/1", wrapped, profile)
+    for profile in ("strict.yaml", "lenient.yaml"):
+        evaluate(tmp, "models:/k25-tiny-eagle3/1", wrapped, tmp / profile)
     return tmp
 
 
 def test_refused_below_break_even_and_promoted_above(evaluated):
     tmp = evaluated
     c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
-    refused = run_step("promote", ["--model", "models:/k25-tiny-eagle3/1"], tmp)
+    refused = run_step("promote", ["--model", "models:/k25-tiny-eagle3/1", "--profile", str(tmp / "strict.yaml")], tmp)
     assert refused.returncode == 1, refused.stderr
     assert "| ci_low beats break-even | NO |" in refused.stdout
     assert "production" not in c.get_registered_model("k25-tiny-eagle3").aliases
     assert c.get_model_version("k25-tiny-eagle3", "1").tags["promotion"].startswith("refused to production")
-    assert "## Promotion to production on `kimi-k2.5-8xrtxpro6000`: refused" in (
+    assert "## Promotion to production on `strict`: refused" in (
         c.get_model_version("k25-tiny-eagle3", "1").description
     )
     ok = run_step("promote", ["--model", "models:/k25-tiny-eagle3/1", "--profile", str(tmp / "lenient.yaml")], tmp)
@@ -141,9 +153,9 @@ def test_every_way_around_the_gate_is_refused(evaluated, tiny_targets):
     res = run_step("finetune", ["--init", uri, "--data", str(tmp / "nowhere"), "--alias", "production"], tmp)
     assert res.returncode == 2 and "move only through `promote`" in res.stderr
     # 2. a profile file that borrows the real profile's name with other figures (break-even 0.03)
-    (tmp / "fake.yaml").write_text(LENIENT.replace("lenient", "kimi-k2.5-8xrtxpro6000").replace("10", "1"))
+    (tmp / "fake.yaml").write_text((tmp / "lenient.yaml").read_text().replace("lenient", "strict").replace("10", "1"))
     evaluate(tmp, uri, wrapped, tmp / "fake.yaml")
-    res = promote("kimi-k2.5-8xrtxpro6000")
+    res = promote(str(tmp / "strict.yaml"))
     assert res.returncode == 1 and "other profile values" in res.stdout, res.stdout
     # 3. a deeper draft than the profile's raises accept_len at the same break-even
     evaluate(tmp, uri, wrapped, lenient, "--draft_steps", "4")
@@ -153,10 +165,11 @@ def test_every_way_around_the_gate_is_refused(evaluated, tiny_targets):
     evaluate(tmp, uri, flat, lenient)
     res = promote()
     assert res.returncode == 1 and "another target" in res.stdout, res.stdout
-    # 5. one prompt: an interval of one point
+    # 5. one prompt of the pinned set: an interval of one point
     evaluate(tmp, uri, wrapped, lenient, "--limit", "1")
     res = promote()
-    assert res.returncode == 1 and "1 prompts, the profile needs 20" in res.stdout, res.stdout
+    assert res.returncode == 1 and "class all measured on other prompts than the pinned many.jsonl" in res.stdout
+    assert "1 prompts, the profile needs 20" in res.stdout, res.stdout
     # 6. tags written by hand are not evidence
     for key, value in {"accept_len": "9.9", "accept_len_ci_low": "9.0", "break_even": "0.1"}.items():
         c.set_model_version_tag(name, "2", f"eval.lenient.{key}", value)
@@ -177,7 +190,7 @@ def test_the_gate_is_recomputed_not_read_from_a_tag(tiny_targets, tmp_path):
     from tests.conftest import tiny_drafter
 
     _, wrapped = tiny_targets
-    (tmp_path / "lenient.yaml").write_text(LENIENT)
+    write_profiles(tmp_path)
     save_drafter(tiny_drafter(seed=3, vocab_size=64, draft_vocab_size=32), tmp_path / "d", include_embedding=False)
     assert (
         run_step("import_drafter", ["--source", str(tmp_path / "d"), "--target", str(wrapped)], tmp_path).returncode
@@ -233,34 +246,40 @@ def test_production_alias_on_a_deleted_version_is_handled(evaluated):
     assert str(c.get_model_version_by_alias("k25-tiny-eagle3", "staging").version) == "1"
 
 
-def test_evidence_matching_is_by_values_not_names():
-    from drafter.cost import load_profile
-    from registry.evidence import EvidenceRecord, mismatches
+def test_evidence_matching_is_by_values_not_names(tmp_path):
+    from dataclasses import replace
 
-    real = load_profile("kimi-k2.5-8xrtxpro6000")
-    fake = type(real)(**{**real.values(), "baseline_tps": 1.0})  # the same name, other figures
+    from drafter.cost import load_profile
+    from registry.evidence import ClassCounts, EvidenceRecord, mismatches, pinned_keys
+
+    write_profiles(tmp_path)
+    real = load_profile(str(tmp_path / "strict.yaml"))
+    fake = replace(real, baseline_tps=1.0)  # the same name, other figures
+    keys = pinned_keys(real)["all"]
+    files = {"config.json": "C", "model.safetensors": "W"}
 
     def record(profile=real, **kw):
-        base = dict(draft_steps=2, target_digest="T", num_prompts=20, weights_sha256="W", engine="in-process")
+        base = dict(draft_steps=2, target_digest="T", weights_sha256="W", engine="in-process", drafter_files=files)
         base.update(kw)
         return EvidenceRecord(
             "m", "1", profile=profile.name, profile_digest=profile.digest, profile_values=profile.values(),
-            target="t", prompts="p", prompts_digest="P", temperature=0.0, max_new_tokens=64, engine_version="x",
-            per_prompt=[(30, 20)] * base.pop("num_prompts"), num_prompts=20, **base,
+            target="t", temperature=0.0, max_new_tokens=8, engine_version="x",
+            classes=[ClassCounts("all", 1.0, "S", keys, [(3, 2)] * 20)], **base,
         )  # fmt: skip
 
-    assert mismatches(record(), real, "T", "W") == []
+    assert mismatches(record(), real, "T", files) == []
     assert fake.name == real.name and fake.digest != real.digest
-    assert "other profile values" in mismatches(record(fake), real, "T", "W")[0]
-    assert "draft steps" in mismatches(record(draft_steps=3), real, "T", "W")[0]
-    assert "another target" in mismatches(record(target_digest="K2"), real, "T", "W")[0]
-    assert "other weights" in mismatches(record(weights_sha256="X"), real, "T", "W")[0]
-    assert "cannot prove" in mismatches(record(engine="endpoint:http://x"), real, "T", "W")[0]
-    assert mismatches(record(engine="vllm", aux_layers={"matches_training": True}), real, "T", "W") == []
+    assert "other profile values" in mismatches(record(fake), real, "T", files)[0]
+    assert "draft steps" in mismatches(record(draft_steps=3), real, "T", files)[0]
+    assert "another target" in mismatches(record(target_digest="K2"), real, "T", files)[0]
+    changed = record(drafter_files={**files, "config.json": "X"}, run_id="r1")
+    assert "config.json changed after evaluation run r1" in mismatches(changed, real, "T", files)[0]
+    assert "cannot prove" in mismatches(record(engine="endpoint:http://x"), real, "T", files)[0]
+    assert mismatches(record(engine="vllm", aux_layers={"matches_training": True}), real, "T", files) == []
     theirs = record(engine="vllm", endpoint="http://gpu:8000", drafter_attested=False)
-    assert "did not launch (http://gpu:8000)" in mismatches(theirs, real, "T", "W")[0]
+    assert "did not launch (http://gpu:8000)" in mismatches(theirs, real, "T", files)[0]
     wrong_layers = record(engine="vllm", aux_layers={"matches_training": False})
-    assert "other target layers" in mismatches(wrong_layers, real, "T", "W")[0]
+    assert "other target layers" in mismatches(wrong_layers, real, "T", files)[0]
     few = record()
-    few.num_prompts = 5
-    assert "5 prompts, the profile needs 20" in mismatches(few, real, "T", "W")[0]
+    few.classes[0].per_prompt, few.classes[0].prompt_keys = [(3, 2)] * 5, keys[:5]
+    assert any("5 prompts, the profile needs 20" in w for w in mismatches(few, real, "T", files))

@@ -110,6 +110,9 @@ def _register(
         + "\n"
     )
     desc = upsert_section(desc, "contents", contents(hashes, read_header(folder)))
+    from registry.lineage import log_training_prompts
+
+    log_training_prompts(dataset)
     mv = store.register_drafter(folder, name, tags, desc)
     if alias:
         audit.move_alias(c, name, alias, mv.version, f"best of finetune run {run_id} (trial {trial.number})")

@@ -1,0 +1,108 @@
+"""Signed records: evidence that a person with registry access can read but cannot mint.
+
+A record is signed with HMAC-SHA256 over its canonical JSON (sorted keys, no spaces, no NaN) with a key
+that only the processes allowed to produce evidence hold: `DRAFTEROPS_EVIDENCE_KEY` (the key itself),
+else `DRAFTEROPS_EVIDENCE_KEY_FILE` (a file holding it), else a local key created on first use under
+`$DRAFTEROPS_HOME` (default `~/.drafterops`) with mode 0600. A team keeps the key where evaluations run
+(CI) and nowhere else. The key's id (a hash of it, never the key) travels in the record, so a refusal can
+say "signed with another key" rather than only "bad signature".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from drafter.errors import BadInput
+
+SIGNATURE = "signature"
+KEY_ID = "key_id"
+_ANNOUNCED: set[str] = set()
+
+
+def home() -> Path:
+    return Path(os.environ.get("DRAFTEROPS_HOME", Path.home() / ".drafterops"))
+
+
+@dataclass(frozen=True)
+class Key:
+    secret: bytes
+    origin: str  # where it came from, for messages
+
+    @property
+    def id(self) -> str:
+        return hashlib.sha256(b"drafterops-key-id:" + self.secret).hexdigest()[:16]
+
+
+def load_key(create: bool = True) -> Key:
+    """The configured key; a local one is created (once, and said so once) where none is configured."""
+    if os.environ.get("DRAFTEROPS_EVIDENCE_KEY"):
+        return Key(os.environ["DRAFTEROPS_EVIDENCE_KEY"].encode(), "$DRAFTEROPS_EVIDENCE_KEY")
+    named = os.environ.get("DRAFTEROPS_EVIDENCE_KEY_FILE")
+    path = Path(named) if named else home() / "evidence.key"
+    if path.is_file():
+        return Key(_read_key(path), str(path))
+    if named:
+        raise BadInput(f"{path}: DRAFTEROPS_EVIDENCE_KEY_FILE names no file")
+    if not create:
+        raise BadInput(f"no evidence key: set DRAFTEROPS_EVIDENCE_KEY or create {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process created it first: use theirs
+        return Key(_read_key(path), str(path))
+    with os.fdopen(fd, "w") as fh:
+        fh.write(os.urandom(32).hex() + "\n")
+    if str(path) not in _ANNOUNCED:
+        _ANNOUNCED.add(str(path))
+        print(
+            f"drafterops: created a local evidence key at {path} (0600); evidence signed with it is trusted only "
+            "where this key is. A team sets DRAFTEROPS_EVIDENCE_KEY where evaluations run, and nowhere else.",
+            file=sys.stderr,
+        )
+    return Key(_read_key(path), str(path))
+
+
+def _read_key(path: Path) -> bytes:
+    if path.stat().st_mode & 0o077:
+        print(f"drafterops: warning: {path} is readable by others; chmod 600 it", file=sys.stderr)
+    secret = path.read_bytes().strip()
+    if len(secret) < 16:
+        raise BadInput(f"{path}: an evidence key needs at least 16 bytes")
+    return secret
+
+
+def canonical(payload: dict[str, Any]) -> bytes:
+    """The bytes that are signed: everything but the signature, in one spelling."""
+    body = {k: v for k, v in payload.items() if k != SIGNATURE}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+def sign(payload: dict[str, Any], key: Key | None = None) -> dict[str, Any]:
+    """The payload with its key id and signature added."""
+    key = key or load_key()
+    out = {**payload, KEY_ID: key.id}
+    out[SIGNATURE] = hmac.new(key.secret, canonical(out), hashlib.sha256).hexdigest()
+    return out
+
+
+def verify(payload: dict[str, Any], key: Key | None = None) -> str | None:
+    """None when the signature holds under the configured key; else why not, in a few words."""
+    sig = payload.get(SIGNATURE)
+    if not isinstance(sig, str) or not sig:
+        return "unsigned"
+    key = key or load_key()
+    if payload.get(KEY_ID) != key.id:
+        return f"signed with another key (id {str(payload.get(KEY_ID))[:16]}, this key is {key.id})"
+    try:
+        body = canonical(payload)
+    except (TypeError, ValueError):
+        return "not canonical JSON"
+    expected = hmac.new(key.secret, body, hashlib.sha256).hexdigest()
+    return None if hmac.compare_digest(expected, sig) else "bad signature (the record was changed after signing)"

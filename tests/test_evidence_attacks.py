@@ -1,0 +1,268 @@
+"""The ways around the promotion gate found by trying it as an attacker, replayed: each row is an
+attack with the refusal it must meet, and each version's honest evaluation on the profile's pinned
+prompts is the positive control. `python -m tests.test_evidence_attacks` replays the table on a fresh
+store and prints it (the script the maintainers keep); pytest runs the same rows.
+
+Rows against tiny targets: chosen prompts (20 copies of one), forged runs (unsigned, another key),
+impossible counts, a record edited on disk, config.json replaced through the API after evaluation,
+deleted and FAILED runs, a pinned file with repeats. Rows against the main job's store (the real
+fine-tuned candidate): its own training prompts, the validation set, 20 copies of its easiest prompt,
+a pinned set it was trained on.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from tests.conftest import run_step
+from tests.test_promote import MANY, write_profiles
+
+NAME = "k25-tiny-eagle3"
+
+
+def _client(tmp: Path) -> mlflow.MlflowClient:
+    return mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+
+
+def _evaluate(tmp: Path, version: str, profile: str, *extra: str, target: Path, code: int = 0):
+    res = run_step(
+        "evaluate",
+        ["--model", f"models:/{NAME}/{version}", "--target", str(target), "--profile", str(tmp / profile)]
+        + ["--no-progress", *extra],
+        tmp,
+    )
+    assert res.returncode == code, res.stdout[-2000:] + res.stderr[-2000:]
+    return res
+
+
+def _promote(tmp: Path, version: str, profile: str = "lenient.yaml", stage: str = "staging"):
+    return run_step(
+        "promote", ["--model", f"models:/{NAME}/{version}", "--profile", str(tmp / profile), "--stage", stage], tmp
+    )
+
+
+def _refused(res, why: str) -> None:
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    assert why in res.stdout, res.stdout[-3000:]
+
+
+def _forge(tmp: Path, version: str, target: Path, sign_with=None, per_prompt=None, sign: bool = True) -> str:
+    """A run made by hand with the genuine tags and a record written offline: every identity in it
+    (profile digest, pinned prompts, drafter files, target digest) is computable by anyone."""
+    from drafter.cost import load_profile
+    from drafter.fingerprint import target_digest
+    from registry import signing, store
+    from registry.evidence import EVIDENCE_FILE, ClassCounts, EvidenceRecord, pinned_keys
+
+    profile = load_profile(str(tmp / "lenient.yaml"))
+    c = _client(tmp)
+    folder = Path(c.get_model_version_download_uri(NAME, version).removeprefix("file://"))
+    keys = pinned_keys(profile)["all"]
+    rec = EvidenceRecord(
+        NAME, version, store.drafter_files(folder), store.weights_sha256(store.file_hashes(folder)),
+        profile.name, profile.digest, profile.values(), 2, str(target), target_digest(target), 0.0, 8,
+        "in-process", "forged", [ClassCounts("all", 1.0, profile.workload[0].sha256, keys,
+                                             per_prompt or [(3, 1)] * len(keys))],
+    )  # fmt: skip
+    payload = rec.payload()
+    if sign:
+        payload = signing.sign(payload, sign_with)
+    run = c.create_run(c.get_experiment_by_name("Default").experiment_id, tags=rec.run_tags())
+    c.log_text(run.info.run_id, json.dumps(payload), EVIDENCE_FILE)
+    c.set_terminated(run.info.run_id, "FINISHED")
+    return run.info.run_id
+
+
+@pytest.fixture(scope="module")
+def store(tiny_targets, tmp_path_factory):
+    """Two registered, gated tiny drafters and profiles that pin many.jsonl (lenient: break-even 0.3,
+    so an honest evaluation is the positive control; sampled: the same at temperature 0.8)."""
+    from drafter.checkpoint import save_drafter
+    from tests.conftest import tiny_drafter
+
+    tmp = tmp_path_factory.mktemp("attacks")
+    _, wrapped = tiny_targets
+    vocab = json.loads((wrapped / "config.json").read_text())["text_config"]["vocab_size"]
+    write_profiles(tmp)
+    lenient = (tmp / "lenient.yaml").read_text()
+    (tmp / "sampled.yaml").write_text(lenient.replace("lenient", "sampled") + "eval_temperature: 0.8\n")
+    for seed in (1, 2):
+        save_drafter(
+            tiny_drafter(seed=seed, vocab_size=vocab, draft_vocab_size=128, aux_layer_ids=[0, 1, 2]),
+            tmp / f"d{seed}",
+            include_embedding=False,
+        )
+        assert (
+            run_step("import_drafter", ["--source", str(tmp / f"d{seed}"), "--target", str(wrapped)], tmp).returncode
+            == 0
+        )
+        assert (
+            run_step("shape_gate", ["--model", f"models:/{NAME}/{seed}", "--target", str(wrapped)], tmp).returncode == 0
+        )
+    return tmp, wrapped
+
+
+def test_chosen_forged_and_impossible_records_are_refused_then_the_honest_one_promotes(store):
+    """v2: every attack leaves it refused with its reason; its honest evaluation promotes it."""
+    from registry.signing import Key
+
+    tmp, target = store
+    # chosen prompts: 20 copies of one prompt, measured under the real profile
+    (tmp / "copies.jsonl").write_text((json.dumps(MANY[0]) + "\n") * 20)
+    _evaluate(tmp, "2", "lenient.yaml", "--prompts", str(tmp / "copies.jsonl"), target=target)
+    _refused(_promote(tmp, "2"), "measured on prompts copies.jsonl only, not on the profile's whole workload")
+    # the same copies pinned by a profile: refused as bad input, naming the file
+    from drafter.prompts import file_digest
+
+    (tmp / "dup.yaml").write_text(
+        (tmp / "lenient.yaml").read_text().replace("many.jsonl", "copies.jsonl").replace(
+            file_digest(tmp / "many.jsonl"), file_digest(tmp / "copies.jsonl"))
+    )  # fmt: skip
+    res = _evaluate(tmp, "2", "dup.yaml", target=target, code=2)
+    assert "copies.jsonl: 19 prompts repeat" in res.stderr and "Traceback" not in res.stderr
+    # a run made by hand with the genuine tags and an unsigned record
+    forged = _forge(tmp, "2", target, sign=False)
+    _refused(_promote(tmp, "2"), f"evaluation run {forged} is not usable evidence (unsigned)")
+    # the same, signed with a key of the forger's own
+    forged = _forge(tmp, "2", target, sign_with=Key(b"attacker-key-0123456789", "test"))
+    _refused(_promote(tmp, "2"), "signed with another key")
+    # a validly signed record with physically impossible counts (35 tokens in 12 cycles at 8 new tokens)
+    _forge(tmp, "2", target, per_prompt=[(35, 12)] * 20)
+    _refused(_promote(tmp, "2"), "impossible counts: class all prompt 0: 35 tokens in 12 cycles at max_new_tokens 8")
+    # positive control: the honest evaluation on the pinned prompts, newer than every forgery
+    _evaluate(tmp, "2", "lenient.yaml", target=target)
+    ok = _promote(tmp, "2")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+def test_stale_and_edited_records_are_refused_until_a_newer_evaluation(store):
+    """v1: promoted on its honest record; config.json replaced through the API after that evaluation
+    (refused, naming the file and the run); re-evaluated (the new files measured, not a cached copy);
+    its record then edited on disk (refused: bad signature); re-evaluated again (promoted)."""
+    from registry.evidence import EVIDENCE_FILE
+
+    tmp, target = store
+    c = _client(tmp)
+    first = _evaluate(tmp, "1", "lenient.yaml", target=target)
+    assert _promote(tmp, "1").returncode == 0
+    run_id = c.get_model_version(NAME, "1").tags["eval.lenient.run"]
+    mv = c.get_model_version(NAME, "1")
+    folder = Path(c.get_model_version_download_uri(NAME, "1").removeprefix("file://"))
+    config = json.loads((folder / "config.json").read_text())
+    (tmp / "swap").mkdir()
+    (tmp / "swap" / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 10.0}))
+    model_id = mv.model_id or mv.source.removeprefix("models:/")
+    c.log_model_artifact(model_id, str(tmp / "swap" / "config.json"))
+    _refused(_promote(tmp, "1"), f"config.json changed after evaluation run {run_id}")
+    second = _evaluate(tmp, "1", "lenient.yaml", target=target)
+    assert first.stdout != second.stdout  # the changed config was measured, not a stale copy
+    assert _promote(tmp, "1").returncode == 0
+    latest = c.get_model_version(NAME, "1").tags["eval.lenient.run"]
+    record = Path(c.get_run(latest).info.artifact_uri.removeprefix("file://")) / EVIDENCE_FILE
+    raw = json.loads(record.read_text())
+    raw["classes"][0]["per_prompt"] = [[3, 1]] * len(raw["classes"][0]["per_prompt"])
+    record.write_text(json.dumps(raw))
+    _refused(_promote(tmp, "1"), f"evaluation run {latest} is not usable evidence (bad signature")
+    _evaluate(tmp, "1", "lenient.yaml", target=target)
+    assert _promote(tmp, "1").returncode == 0
+
+
+def test_deleting_or_failing_the_unfavourable_record_withdraws_nothing(store):
+    """At temperature 0.8 two seeds give two records; the least favourable decides, and still decides
+    after its run is deleted, and after it is marked FAILED."""
+    tmp, target = store
+    c = _client(tmp)
+    for seed in ("0", "7"):
+        _evaluate(tmp, "1", "sampled.yaml", "--seed", seed, target=target)
+    runs = c.search_runs(["0"], filter_string="tags.`evidence.profile` = 'sampled'")
+    worst = min(runs, key=lambda r: r.data.metrics["accept_len_ci_low"]).info.run_id
+    assert len({r.data.metrics["accept_len_ci_low"] for r in runs}) == 2
+
+    def deciding_run() -> str:
+        res = _promote(tmp, "1", "sampled.yaml")
+        assert res.returncode in (0, 1), res.stderr
+        return res.stdout
+
+    assert f"evaluation run {worst}" in deciding_run()
+    c.delete_run(worst)
+    assert f"evaluation run {worst}" in deciding_run()
+    c.restore_run(worst)
+    c.set_terminated(worst, "FAILED")
+    assert f"evaluation run {worst}" in deciding_run()
+
+
+@pytest.fixture(scope="module")
+def candidate_store(main_job, tmp_path_factory):
+    """A copy of the main job's store (its fine-tuned candidate, trained on k2.5-train), with profiles
+    whose break-even (0.3) it beats: one pinned to the workload, one pinned to its own training prompts."""
+    from drafter.cost import load_profile
+    from drafter.prompts import file_digest
+
+    src = main_job[0]
+    tmp = tmp_path_factory.mktemp("cherry")
+    shutil.copy(src / "mlflow.db", tmp / "mlflow.db")  # artifact locations in it are absolute: shared, read-only here
+    kimi = load_profile("kimi-k2.5-8xrtxpro6000")
+    classes = "".join(
+        f"  - {{name: {c.name}, prompts: {c.prompts}, sha256: {c.sha256}, share: {c.share}}}\n" for c in kimi.workload
+    )
+    head = "baseline_tps: 10\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\neval_max_new_tokens: 16\n"
+    (tmp / "mix.yaml").write_text("name: mix\n" + head + "workload:\n" + classes)
+    train = Path(kimi.workload[0].prompts).parent / "k2.5-train.jsonl"
+    (tmp / "trained.yaml").write_text(
+        "name: trained\n" + head + f"eval_prompts: {train}\neval_prompts_sha256: {file_digest(train)}\n"
+    )
+    return tmp, train
+
+
+def test_the_candidate_cannot_choose_its_evaluation(candidate_store):
+    """The real fine-tuned candidate evaluated on its own training prompts, on 20 copies of its easiest
+    prompt and on the validation set: each refused with the reason; pinned to a set it was trained on:
+    refused as contaminated; on the profile's pinned workload: promoted (the positive control)."""
+    tmp, train = candidate_store
+    c = _client(tmp)
+    name = "k2.5-mini-eagle3"
+    version = c.get_model_version_by_alias(name, "candidate").version
+    uri = f"models:/{name}/{version}"
+    target = Path(train).parents[1] / "k2.5-mini"
+
+    def evaluate(profile: str, *extra: str):
+        res = run_step(
+            "evaluate", ["--model", uri, "--target", str(target), "--profile", str(tmp / profile), "--no-progress",
+                         *extra], tmp,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr[-2000:]
+        return res
+
+    def promote(profile: str = "mix.yaml"):
+        return run_step("promote", ["--model", uri, "--profile", str(tmp / profile)], tmp)
+
+    first = [json.loads(line) for line in train.open()][:1]
+    (tmp / "easiest.jsonl").write_text((json.dumps(first[0]) + "\n") * 20)
+    rows = [
+        (("--prompts", str(train), "--limit", "20"), "measured on prompts k2.5-train.jsonl only"),
+        (
+            ("--prompts", str(train.with_name("k2.5-val.jsonl")), "--limit", "20"),
+            "measured on prompts k2.5-val.jsonl only",
+        ),
+        (("--prompts", str(tmp / "easiest.jsonl")), "measured on prompts easiest.jsonl only"),
+    ]
+    for extra, why in rows:
+        evaluate("mix.yaml", *extra)
+        _refused(promote(), why)
+    warned = evaluate("trained.yaml")
+    assert "was trained on 80 of these prompts" in warned.stdout
+    _refused(promote("trained.yaml"), "evaluated on 80 prompts it was trained on (class all)")
+    evaluate("mix.yaml")
+    ok = promote()
+    assert ok.returncode == 0, ok.stdout[-3000:]
+    for cls in ("code", "docs", "repl"):
+        assert f"class {cls} (" in ok.stdout
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-v", "-p", "no:cacheprovider"]))

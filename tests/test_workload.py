@@ -1,0 +1,148 @@
+"""Traffic classes: the profile's pinned prompts, the mix and its interval, the class floor."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from drafter.cost import expected_accept_len, load_profile
+from drafter.errors import BadInput
+from drafter.workload import ClassFigure, mix_accept_len, mix_ci, prompt_key
+from registry.policy import Evidence, decide
+
+
+def synthetic_class(rng, p: float, k: int, n: int) -> list[tuple[int, int]]:
+    """n prompts of 8-24 verify cycles; each cycle accepts drafts with constant conditional acceptance p."""
+    out = []
+    for _ in range(n):
+        cycles = int(rng.integers(8, 25))
+        accepted = np.minimum(rng.geometric(1 - p, size=cycles) - 1, k)
+        out.append((int((accepted + 1).sum()), cycles))
+    return out
+
+
+def test_the_mix_interval_covers_the_true_mix_93_to_97_percent():
+    """1000 synthetic deployments with a known mix value (fixed seed): the 95% interval, resampling prompts
+    within each class, covers it 93-97% of the time."""
+    rng = np.random.default_rng(12345)
+    k, classes = 3, [(0.6, 0.75, 24), (0.25, 0.45, 24), (0.15, 0.6, 24)]  # (share, p, prompts)
+    truth = sum(share * expected_accept_len(p, k) for share, p, _ in classes)
+    covered = 0
+    for draw in range(1000):
+        parts = [(share, synthetic_class(rng, p, k, n)) for share, p, n in classes]
+        lo, hi = mix_ci(parts, iters=1000, seed=draw)
+        covered += lo <= truth <= hi
+    assert 930 <= covered <= 970, covered
+
+
+def test_the_mix_is_share_weighted_and_one_class_is_the_pooled_figure():
+    a, b = [(30, 10), (20, 10)], [(12, 10), (10, 10)]
+    assert mix_accept_len([(1.0, a)]) == pytest.approx(2.5)
+    assert mix_accept_len([(0.5, a), (0.5, b)]) == pytest.approx(0.5 * 2.5 + 0.5 * 1.1)
+    lo, hi = mix_ci([(1.0, [(20, 10)] * 5)])
+    assert lo == hi == pytest.approx(2.0)
+
+
+def test_prompt_identity_is_what_is_sent():
+    conv = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    asked = {"messages": [{"role": "user", "content": "hi"}]}
+    assert prompt_key(conv) == prompt_key(asked)  # the recorded reply is not part of the prompt
+    assert prompt_key(asked) != prompt_key({"text": "hi"})
+
+
+def _profile(tmp_path, body: str):
+    (tmp_path / "p.jsonl").write_text('{"text": "a"}\n{"text": "b"}\n')
+    path = tmp_path / "p.yaml"
+    path.write_text("baseline_tps: 82\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\n" + body)
+    return path
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("eval_prompts: p.jsonl\n", "needs 'sha256'"),
+        ("eval_prompts: p.jsonl\neval_prompts_sha256: " + "ab" * 32 + "\n", "does not match the pinned"),
+        ("workload: []\n", "non-empty list"),
+        ("workload:\n  - {name: a, prompts: p.jsonl, sha256: SHA, share: 0.5}\n", "shares sum to 0.5"),
+        ("workload:\n  - {name: A B, prompts: p.jsonl, sha256: SHA, share: 1}\n", "class name"),
+        ("workload:\n  - {name: a, prompts: p.jsonl, sha256: SHA, share: .nan}\n", "share must be"),
+        ("min_prompts: .nan\n", "'min_prompts' must be a finite number"),
+        ("baseline_tps: .inf\n", "'baseline_tps' must be a finite number"),
+        ("draft_steps: 2.7\n", "'draft_steps' must be a whole number"),
+        ("draft_steps: 1000000000\n", "more than 64"),
+        ("eval_max_new_tokens: 0\n", "eval_max_new_tokens must be >= 1"),
+    ],
+)
+def test_profile_pins_are_checked_naming_the_file(tmp_path, body, message):
+    from drafter.prompts import file_digest
+
+    path = _profile(tmp_path, "")
+    sha = file_digest(tmp_path / "p.jsonl")
+    text = path.read_text()
+    for key in ("baseline_tps", "draft_steps"):  # a body that sets a field replaces the default line
+        if body.startswith(key):
+            text = "\n".join(line for line in text.splitlines() if not line.startswith(key)) + "\n"
+    path.write_text(text + body.replace("SHA", sha))
+    with pytest.raises(BadInput, match=message) as err:
+        load_profile(str(path)).workload[0].records()
+    assert str(tmp_path) in str(err.value)
+
+
+def test_a_pinned_set_loads_relative_to_the_profile(tmp_path):
+    from drafter.prompts import file_digest
+
+    path = _profile(tmp_path, "")
+    path.write_text(
+        path.read_text() + f"eval_prompts: p.jsonl\neval_prompts_sha256: {file_digest(tmp_path / 'p.jsonl')}\n"
+    )
+    (cls,) = load_profile(str(path)).workload
+    assert cls.name == "all" and cls.share == 1.0 and len(cls.keys()) == 2
+
+
+def ev(classes, L=3.0, lo=2.8, be=2.46):
+    return Evidence("2", "passed", "t", L, lo, be, classes=tuple(classes))
+
+
+def cls(name, share, L, be=2.46):
+    return ClassFigure(name, share, 20, L, L - 0.1, L + 0.1, L / be)
+
+
+def test_no_class_that_carries_traffic_may_be_served_slower():
+    """The mix beats break-even, but one class with a real share is below the floor: refused, naming it.
+    The same class under min_share: promoted."""
+    slow = [cls("code", 0.7, 3.4), cls("docs", 0.25, 2.2), cls("repl", 0.05, 2.9)]
+    d = decide(ev(slow), "production", "t")
+    assert not d.allowed
+    failed = [r for r in d.reasons if not r.ok]
+    assert [r.rule for r in failed] == ["class docs (25% of traffic)"]
+    assert "class docs: accept_len 2.200" in failed[0].detail and "0.89x plain decoding, floor 1x" in failed[0].detail
+    rare = [cls("code", 0.96, 3.4), cls("docs", 0.04, 2.2)]
+    d = decide(ev(rare), "production", "t")
+    assert d.allowed, d.summary()
+    assert any("under min_share 0.05" in r.detail for r in d.reasons)
+    assert decide(ev(slow), "staging", "t").allowed  # staging: the mix alone
+
+
+def test_the_mini_world_workload_is_held_out_and_pinned():
+    """Three classes, each pinned by the kimi profile's digest, none sharing text with any prompt the
+    targets or drafters were trained, validated, tested or scaled on."""
+    from pathlib import Path
+
+    prompts = Path(__file__).resolve().parents[1] / "miniworld" / "prompts"
+    profile = load_profile("kimi-k2.5-8xrtxpro6000")
+    assert [c.name for c in profile.workload] == ["code", "docs", "repl"]
+    assert math.isclose(sum(c.share for c in profile.workload), 1.0)
+
+    def users(path):
+        return [json.loads(line)["messages"][0]["content"].removeprefix("Continue:\n") for line in path.open()]
+
+    def shingles(texts, w=120):
+        return {t[i : i + w] for t in texts for i in range(0, max(1, len(t) - w))}
+
+    others = shingles([u for f in sorted(prompts.glob("k2*.jsonl")) for u in users(f)])
+    for c in profile.workload:
+        mine = users(c.prompts)
+        assert len(c.keys()) == len(set(c.keys())) >= 20
+        shared = [u for u in mine if shingles([u]) & others]
+        assert not shared, f"class {c.name}: {len(shared)} prompts share text with other sets"
