@@ -212,6 +212,9 @@ def run(args: argparse.Namespace) -> int:
                 if Path(log).is_file():
                     mlflow.log_artifact(log, "engine_logs")
         model_id = link_version(mv, name, profile.name, metrics)
+        if by_class is not None and len(classes) > 1:  # the run's description shows every class too
+            note = mlflow.get_run(mlflow.active_run().info.run_id).data.tags.get("mlflow.note.content", "")
+            mlflow.set_tag("mlflow.note.content", f"{note}\n\n{class_markdown(*by_class)}".strip())
         mlflow.log_metrics(metrics, model_id=model_id)  # also on the version's model page
         if online is not None or run is not None:
             figure_source = run if run is not None else online
