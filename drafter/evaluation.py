@@ -60,13 +60,7 @@ class OnlineResult:
 
     @property
     def acc_pos(self) -> list[float]:
-        """Conditional acceptance at draft position i: P(accepted > i | accepted >= i)."""
-        flat = [n for a in self.accepted for n in a]
-        out = []
-        for i in range(self.k):
-            reached = sum(1 for n in flat if n >= i)
-            out.append(sum(1 for n in flat if n > i) / reached if reached else 0.0)
-        return out
+        return acceptance_by_position(self.accepted, self.k)
 
     @property
     def host_tps_baseline(self) -> float:
@@ -111,6 +105,17 @@ class OnlineResult:
             out["host_projection_error"] = out["host_speedup_projected"] / max(out["host_speedup"], 1e-9) - 1
             out["host_baseline_drift"] = self.host_tps_baseline / host.baseline_tps - 1
         return out
+
+
+def acceptance_by_position(accepted: list[list[int]], k: int) -> list[float]:
+    """Conditional acceptance at draft position i: P(accepted > i | accepted >= i), over every cycle of
+    every prompt given (drafts accepted per cycle, per prompt)."""
+    flat = [n for a in accepted for n in a]
+    out = []
+    for i in range(k):
+        reached = sum(1 for n in flat if n >= i)
+        out.append(sum(1 for n in flat if n > i) / reached if reached else 0.0)
+    return out
 
 
 def pooled_accept_len(per_prompt: list[tuple[int, int]]) -> float:

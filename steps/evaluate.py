@@ -176,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
     if measured is not None:
         by_class = workload_figures(classes, measured.per_prompt, profile)
         metrics.update(figure_metrics(*by_class, profile))
+        if run is None and len(classes) > 1:  # the decoding trace gives each class its acceptance by position
+            metrics.update(class_positions(classes, online.accepted, k))
     name = f"{mv.name}/v{mv.version}" if mv is not None else Path(folder).name
     with step_run("evaluate", run_name=f"evaluate {name.split('/')[-1]} @ {profile.name}"):
         log_params(
@@ -497,8 +499,20 @@ def figure_metrics(classes, mix, profile) -> dict[str, float]:
                     f"class_{c.name}_accept_len_ci_low": c.ci_low,
                     f"class_{c.name}_accept_len_ci_high": c.ci_high,
                     f"class_{c.name}_projected_speedup": c.speedup,
+                    f"class_{c.name}_projected_tps": c.speedup * profile.baseline_tps,
                 }
             )
+    return out
+
+
+def class_positions(classes: list[MeasuredClass], accepted: list[list[int]], k: int) -> dict[str, float]:
+    from drafter.evaluation import acceptance_by_position
+
+    out, start = {}, 0
+    for c in classes:
+        rates = acceptance_by_position(accepted[start : start + len(c.records)], k)
+        out.update({f"class_{c.name}_acc_pos_{i}": a for i, a in enumerate(rates)})
+        start += len(c.records)
     return out
 
 

@@ -97,14 +97,18 @@ def test_unsanctioned_alias_moves_are_reverted(tiny_targets, tmp_path, monkeypat
             reverts = c.search_runs([audit], filter_string="tags.decision = 'guard:revert:production'")
             assert reverts and reverts[0].data.tags["attempted"] == "1"
             # 2. promote's move stays
+            from drafter.prompts import file_digest
+
+            (tmp_path / "p.jsonl").write_text('{"text": "The quick brown fox"}\n')
             (tmp_path / "lenient.yaml").write_text(
                 "name: lenient\nbaseline_tps: 10\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\nmin_prompts: 1\n"
+                f"eval_prompts: p.jsonl\neval_prompts_sha256: {file_digest(tmp_path / 'p.jsonl')}\n"
+                "eval_max_new_tokens: 6\n"
             )
-            (tmp_path / "p.jsonl").write_text('{"text": "The quick brown fox"}\n')
             uri = f"models:/{name}/2"
             assert run_step("shape_gate", ["--model", uri, "--target", str(wrapped)], tmp_path).returncode == 0
-            ev = ["--model", uri, "--target", str(wrapped), "--prompts", str(tmp_path / "p.jsonl")]
-            ev += ["--profile", str(tmp_path / "lenient.yaml"), "--max_new_tokens", "6", "--no-progress"]
+            ev = ["--model", uri, "--target", str(wrapped)]
+            ev += ["--profile", str(tmp_path / "lenient.yaml"), "--no-progress"]
             assert run_step("evaluate", ev, tmp_path).returncode == 0
             pr = run_step("promote", ["--model", uri, "--profile", str(tmp_path / "lenient.yaml")], tmp_path)
             assert pr.returncode == 0, pr.stdout + pr.stderr
