@@ -43,6 +43,7 @@ def record(
     decision: str,
     reasons: dict[str, Any] | str,
     summary: str | None = None,
+    files: dict[str, str] | None = None,
     **extra: str,
 ) -> str:
     """One audit run for a decision (alias move, refusal, gate result); `summary` is the one-line
@@ -64,6 +65,8 @@ def record(
     tags["mlflow.note.content"] = text if isinstance(reasons, str) else f"```json\n{text}\n```"
     run = c.create_run(exp, tags=tags)
     c.log_text(run.info.run_id, text, "reasons.json" if not isinstance(reasons, str) else "reasons.md")
+    for artifact, content in (files or {}).items():
+        c.log_text(run.info.run_id, content, artifact)
     c.set_terminated(run.info.run_id)
     return run.info.run_id
 
@@ -76,13 +79,23 @@ def _one_line(reasons: dict[str, Any] | str, limit: int = 500) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def move_alias(c: Any, name: str, alias: str, version: str, reason: str, by_promote: bool = False) -> str | None:
+def move_alias(
+    c: Any, name: str, alias: str, version: str, reason: str, by_promote: bool = False, evidence_run: str = ""
+) -> str | None:
     """Point `alias` at `version`, mirror the legacy stage, mark the replaced version; returns it.
-    Serving aliases move only when the promotion rule said yes (`by_promote`)."""
+    Serving aliases move only when the promotion rule said yes (`by_promote`), and then with a signed
+    sanction (registry.sanction) written before the alias moves."""
     if alias in naming.PROTECTED_ALIASES and not by_promote:
         naming.check_alias(alias)  # raises: no step but `promote` may move a serving alias
     previous = current_alias_version(c, name, alias)
-    record(c, name, version, f"alias:{alias}", reason, alias=alias, previous=previous or "none")
+    files = {}
+    if alias in naming.PROTECTED_ALIASES:
+        from registry import sanction
+
+        signed = sanction.payload(c.get_registered_model(name), c.get_model_version(name, str(version)), alias,
+                                  evidence_run, reason)  # fmt: skip
+        files[sanction.SANCTION_FILE] = json.dumps(signed, indent=1)
+    record(c, name, version, f"alias:{alias}", reason, files=files, alias=alias, previous=previous or "none")
     c.set_registered_model_alias(name, alias, str(version))
     stage = naming.LEGACY_STAGE.get(alias)
     if stage:

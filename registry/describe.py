@@ -76,12 +76,29 @@ def refresh_model_page(c: Any, name: str, last_decision: str | None = None) -> N
     body = (
         "## Where each alias points\n\n| alias | version | what it is | latest evaluation |\n|---|---|---|---|\n"
         + "\n".join(rows)
-        + "\n\n`staging` and `production` move only through `promote` (a guard reverts any other move)."
+        + "\n\n`staging` and `production` move only through `promote`; "
+        + guard_sentence(c)
     )
     text = upsert_section(rm.description or "", "aliases", body)
     if last_decision:
         text = upsert_section(text, "decision", f"## Last promotion decision\n\n{last_decision}")
     c.update_registered_model(name, description=text)
+
+
+def guard_sentence(c: Any) -> str:
+    """Whether a guard watches this registry (its webhook is installed), said as it is."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        hooks = [h for h in c.list_webhooks() if h.name == "drafterops-guard" and str(h.status).endswith("ACTIVE")]
+    except MlflowException:  # a store without webhooks (older servers, some backends)
+        hooks = []
+    if hooks:
+        return "a guard (webhook `drafterops-guard`) reverts any other move and reconciles on a timer."
+    return (
+        "no guard is installed on this registry: nothing reverts another move until "
+        "`python -m steps.guard --reconcile` runs (from cron or CI) or a guard is installed."
+    )
 
 
 def _evaluations(tags: dict[str, str]) -> str:

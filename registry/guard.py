@@ -2,9 +2,9 @@
 
 MLflow's registry webhooks (`model_version_alias.created` / `.deleted`, HMAC-signed) tell the guard of
 every alias move made through the tracking server: the UI's alias pencil, any API client, `promote`.
-The sanctioned holder of a serving alias is the version named by the latest `alias:<alias>` record in
-the audit trail that a `promote:<alias>:yes` decision for the same version accounts for. Any other
-state is reverted to it (or the alias removed when there is none) and the revert is audited.
+Each verified delivery reconciles that model (registry.reconcile) against its signed sanctions
+(registry.sanction); moves that raise no event (a legacy stage set by hand, a deleted version, anything
+done while the guard was down) are caught by the reconciliation the guard runs on start and on a timer.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from registry import audit, naming
+from registry import naming
 
 SIGNATURE_HEADER = "X-MLflow-Signature"
 TIMESTAMP_HEADER = "X-MLflow-Timestamp"
@@ -25,9 +25,15 @@ MAX_SKEW_S = 300  # older deliveries are replays
 EVENTS = ("model_version_alias.created", "model_version_alias.deleted")
 
 
-def signature_ok(secret: str, headers: dict[str, str], body: bytes, now: float | None = None) -> bool:
+def header(headers: Any, name: str) -> str:
+    """A header by name, whatever its case (HTTP/2 and many proxies lower-case them)."""
+    want = name.lower()
+    return next((str(v) for k, v in dict(headers).items() if str(k).lower() == want), "")
+
+
+def signature_ok(secret: str, headers: Any, body: bytes, now: float | None = None) -> bool:
     """MLflow's scheme: v1,base64(HMAC-SHA256(secret, f"{delivery_id}.{timestamp}.{body}")), fresh."""
-    sig, stamp, delivery = (headers.get(h, "") for h in (SIGNATURE_HEADER, TIMESTAMP_HEADER, DELIVERY_HEADER))
+    sig, stamp, delivery = (header(headers, h) for h in (SIGNATURE_HEADER, TIMESTAMP_HEADER, DELIVERY_HEADER))
     if not (secret and sig.startswith("v1,") and stamp.isdigit() and delivery):
         return False
     if abs((now or time.time()) - int(stamp)) > MAX_SKEW_S:
@@ -62,57 +68,3 @@ def parse_event(payload: Any) -> Move | None:
     naming.check_name(name, "payload name")
     version = data.get("version") if payload.get("action") == "created" else None
     return Move(name, alias, str(version) if version is not None else None)
-
-
-def sanctioned_holder(c: Any, name: str, alias: str) -> str | None:
-    """The version `promote` last put under `alias` (None: promote never did)."""
-    exp = c.get_experiment_by_name(audit.AUDIT_EXPERIMENT)
-    if exp is None:
-        return None
-    q = naming.quote_filter_value
-    runs = c.search_runs(
-        [exp.experiment_id],
-        filter_string=f"tags.model = {q(name)} and tags.decision = {q(f'alias:{alias}')}",
-        order_by=["attributes.start_time DESC"],
-        max_results=50,
-    )
-    for run in runs:
-        version = run.data.tags.get("version", "")
-        if not version.isdigit():
-            continue
-        yes = c.search_runs(
-            [exp.experiment_id],
-            filter_string=f"tags.model = {q(name)} and tags.version = {q(version)} "
-            f"and tags.decision = {q(f'promote:{alias}:yes')}",
-            max_results=1,
-        )
-        if yes and yes[0].info.start_time <= run.info.start_time:
-            return version
-    return None
-
-
-def enforce(c: Any, move: Move, delivery: str = "") -> str | None:
-    """Put the alias back where promote left it if it is anywhere else; returns what was done."""
-    holder = sanctioned_holder(c, move.name, move.alias)
-    current = audit.current_alias_version(c, move.name, move.alias)
-    if current == holder:
-        return None
-    if holder is None:
-        c.delete_registered_model_alias(move.name, move.alias)
-        action = f"removed {move.alias} from v{current} (no promote decision ever put it anywhere)"
-    else:
-        c.set_registered_model_alias(move.name, move.alias, holder)
-        action = f"moved {move.alias} back from v{current or 'none'} to v{holder}, where promote put it"
-    audit.record(
-        c,
-        move.name,
-        current or "none",
-        f"guard:revert:{move.alias}",
-        f"An unsanctioned move of `{move.alias}` (to {f'v{move.version}' if move.version else 'nowhere'}) "
-        f"was reverted: {action}. Webhook delivery {delivery or 'unknown'}.",
-        alias=move.alias,
-        attempted=move.version or "",
-        restored=holder or "",
-        delivery=delivery,
-    )
-    return action

@@ -1,11 +1,15 @@
-"""`guard`: a small service that MLflow's registry webhooks call; it reverts any move of `staging` or
-`production` that no `promote` decision accounts for (the UI's alias pencil, a plain API client).
+"""`guard`: keeps `staging` and `production` (aliases and legacy stages) where a signed `promote`
+decision put them. As a service, MLflow's registry webhooks call it; it also reconciles the whole
+registry on start and every --interval seconds, so nothing done while it was down, and no move that
+raises no event, stays.
 
     python -m steps.guard --port 8765              # serve on 127.0.0.1:8765
     python -m steps.guard --install --port 8765    # register the webhook on $MLFLOW_TRACKING_URI
+    python -m steps.guard --reconcile              # reconcile once and exit (cron, CI; any store)
 
-Both read the shared secret from DRAFTEROPS_WEBHOOK_SECRET. Payloads are verified (HMAC, freshness)
-before anything is read from them; a bad one is answered 401/400 and the service carries on.
+The service and --install read the shared webhook secret from DRAFTEROPS_WEBHOOK_SECRET. Payloads are
+verified (HMAC, freshness; header names in any case) before anything is read from them; a bad one is
+answered 401/400, a slow or oversized one cut off, and the service carries on.
 """
 
 from __future__ import annotations
@@ -14,20 +18,25 @@ import argparse
 import json
 import os
 import sys
+import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from drafter.errors import BadInput
+from registry.naming import tracking_uri
 from steps._cli import parser, run_step
 
 SECRET_ENV = "DRAFTEROPS_WEBHOOK_SECRET"
 WEBHOOK_NAME = "drafterops-guard"
 MAX_BODY = 1 << 20
+READ_TIMEOUT_S = 10  # a client that promises more body than it sends is cut off after this
 
 
 def build() -> argparse.ArgumentParser:
     p = parser("guard", __doc__)
     p.add_argument("--port", default="8765", help="loopback port the guard listens on")
     p.add_argument("--install", action="store_true", help="register the webhook on the tracking server, then exit")
+    p.add_argument("--reconcile", action="store_true", help="reconcile the registry once, then exit (no server)")
+    p.add_argument("--interval", default="60", help="seconds between reconciliations while serving")
     return p
 
 
@@ -67,14 +76,26 @@ def install(port: int, secret: str) -> str:
 
 def handler_for(secret: str):
     from registry import guard, store
+    from registry.reconcile import reconcile_model
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = READ_TIMEOUT_S  # applied to the connection's socket: no thread waits forever on a body
+
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-            size = int(self.headers.get("Content-Length") or 0)
+            try:
+                size = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                size = -1
             if not 0 < size <= MAX_BODY:
                 return self._answer(400, "bad length")
-            body = self.rfile.read(size)
-            if not guard.signature_ok(secret, dict(self.headers.items()), body):
+            try:
+                body = self.rfile.read(size)
+            except TimeoutError:
+                self.close_connection = True
+                return None
+            if len(body) != size:
+                return self._answer(400, "short body")
+            if not guard.signature_ok(secret, self.headers.items(), body):
                 return self._answer(401, "bad signature")
             try:
                 move = guard.parse_event(json.loads(body))
@@ -82,14 +103,15 @@ def handler_for(secret: str):
                 return self._answer(400, f"bad payload: {exc}")
             if move is None:
                 return self._answer(200, "not a serving alias")
+            delivery = guard.header(self.headers.items(), guard.DELIVERY_HEADER)
             try:
-                done = guard.enforce(store.client(), move, self.headers.get(guard.DELIVERY_HEADER, ""))
+                done = reconcile_model(store.client(), move.name, f"webhook delivery {delivery}")
             except Exception as exc:  # the registry was unreachable: say so, keep serving
                 print(f"guard: could not check {move}: {exc.__class__.__name__}: {exc}", file=sys.stderr, flush=True)
                 return self._answer(503, "registry unavailable")
-            if done:
-                print(f"guard: {move.name}: {done}", flush=True)
-            return self._answer(200, done or "sanctioned")
+            for line in done:
+                print(f"guard: {line}", flush=True)
+            return self._answer(200, "; ".join(done) or "sanctioned")
 
         def _answer(self, code: int, text: str) -> None:
             data = text.encode()
@@ -105,20 +127,59 @@ def handler_for(secret: str):
     return Handler
 
 
+def reconcile_once(why: str) -> int:
+    from registry import store
+    from registry.reconcile import reconcile
+
+    done = reconcile(store.client(), why)
+    for line in done:
+        print(f"guard: {line}", flush=True)
+    print(f"guard: reconciled {tracking_uri()} ({len(done)} action{'s' if len(done) != 1 else ''})", flush=True)
+    return len(done)
+
+
+def guarded_round(why: str) -> None:
+    """One reconciliation while serving; a registry that does not answer is said, and tried next round."""
+    try:
+        reconcile_once(why)
+    except Exception as exc:  # keep guarding: the next round may reach it
+        print(f"guard: reconciliation failed: {exc.__class__.__name__}: {exc}", file=sys.stderr, flush=True)
+
+
+def every(seconds: float, stop: threading.Event) -> None:
+    while not stop.wait(seconds):
+        guarded_round("the guard's timer")
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.reconcile:
+        reconcile_once("guard --reconcile")
+        return 0
+    try:
+        interval = float(args.interval)
+    except ValueError:
+        raise BadInput(f"--interval must be a number of seconds, got {args.interval!r}") from None
+    if not 1 <= interval <= 86400:
+        raise BadInput(f"--interval must be between 1 and 86400 seconds, got {args.interval}")
     port, secret = _port(args.port), _secret()
     if args.install:
         hook = install(port, secret)
-        print(f"guard: webhook {hook} on {os.environ['MLFLOW_TRACKING_URI']} -> http://127.0.0.1:{port}/")
+        print(f"guard: webhook {hook} on {tracking_uri()} -> http://127.0.0.1:{port}/")
         return 0
     try:
         server = ThreadingHTTPServer(("127.0.0.1", port), handler_for(secret))
     except OSError as exc:
         raise BadInput(f"--port {port}: cannot listen on 127.0.0.1 ({exc.strerror})") from None
-    print(f"guard: serving on http://127.0.0.1:{port}/ for {os.environ['MLFLOW_TRACKING_URI']}", flush=True)
+    reconcile_once("guard start")  # whatever happened while no guard was running
+    stop = threading.Event()
+    threading.Thread(target=every, args=(interval, stop), daemon=True).start()
+    print(
+        f"guard: serving on http://127.0.0.1:{port}/ for {tracking_uri()}, reconciling every {interval:g} s", flush=True
+    )
     try:
         server.serve_forever()
     finally:
+        stop.set()
         server.server_close()
     return 0
 

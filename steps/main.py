@@ -233,6 +233,9 @@ def run(args: argparse.Namespace) -> int:
         mlflow.set_tag("promotion", decision)
     print("\n".join(p.log))
     print(text)
+    from registry import reconcile
+
+    reconcile.warn_if_disagreeing(c, name, "main")
     print(
         f"\nBrowse it: mlflow ui --backend-store-uri {c.tracking_uri}   (then open http://127.0.0.1:5000, "
         f"Models -> {name})"

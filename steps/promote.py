@@ -32,6 +32,9 @@ def run(args: argparse.Namespace) -> int:
     c = store.client()
     with store.registry_lock():
         mv = store.get_version(args.model, c)
+        from registry import reconcile
+
+        reconcile.warn_if_disagreeing(c, mv.name, "promote")
         model_target = c.get_registered_model(mv.name).tags.get(naming.MODEL_TAG_TARGET)
         if not model_target:
             raise BadInput(f"registered model {mv.name!r} names no target (tag '{naming.MODEL_TAG_TARGET}')")
@@ -94,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
                 "\n\n" + "\n".join(lines[2:-1]) + f"\n\nDecided {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
             )  # fmt: skip
             if decision.allowed:  # the alias moves last, after every check and record
-                audit.move_alias(c, mv.name, args.stage, mv.version, decision.summary(), by_promote=True)
+                audit.move_alias(c, mv.name, args.stage, mv.version, decision.summary(), by_promote=True,
+                                 evidence_run=decision.evidence_run or "")  # fmt: skip
             describe.refresh_model_page(c, mv.name, f"v{mv.version} -> {args.stage}: {decision.summary()}")
     return 0 if decision.allowed else 1
 

@@ -73,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
     facts, mv = facts_for(args.model)
+    if mv is not None:
+        from registry import reconcile, store
+
+        reconcile.warn_if_disagreeing(store.client(), mv.name, "shape_gate")
     tfacts = target_facts(args.target)
     checks = check_compat(facts, tfacts)
     result = verdict(checks)

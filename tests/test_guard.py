@@ -31,6 +31,7 @@ def test_signature_rules():
     assert not guard.signature_ok("another-secret-0123456789", headers, body)
     assert not guard.signature_ok(SECRET, {**headers, guard.TIMESTAMP_HEADER: str(int(stamp) - 3600)}, body)  # replay
     assert not guard.signature_ok(SECRET, {}, body)
+    assert guard.signature_ok(SECRET, {k.lower(): v for k, v in headers.items()}, body)  # header names, any case
 
 
 def wait_for(predicate, seconds=30.0):
@@ -128,7 +129,157 @@ def test_unsanctioned_alias_moves_are_reverted(tiny_targets, tmp_path, monkeypat
                 urllib.request.urlopen(forged, timeout=10)
             assert refused.value.code == 401
             assert service.poll() is None
-            print(f"guard revert took {revert_s:.2f} s")
+            # 5. a genuine delivery whose header names a proxy lower-cased (HTTP/2 does) is accepted
+            body = json.dumps({"entity": "model_version_alias", "action": "created",
+                               "data": {"name": name, "alias": "production", "version": "2"}}).encode()  # fmt: skip
+            lower = {k.lower(): v for k, v in signed_headers(body, "lower-1").items()}
+            with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/", data=body,
+                                                               headers=lower), timeout=10) as answer:  # fmt: skip
+                assert answer.status == 200
+            # 6. a client promising more body than it sends is cut off; the guard serves others meanwhile
+            import socket
+
+            slow = socket.create_connection(("127.0.0.1", port), timeout=30)
+            slow.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n0123456789")
+            t_slow = time.time()
+            with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/", data=body,
+                                                               headers=lower), timeout=10) as answer:  # fmt: skip
+                assert answer.status == 200
+            assert slow.recv(100) == b"" and time.time() - t_slow < 20  # closed by the guard, not by us
+            slow.close()
+            # 7. revert latency over 20 moves by hand
+            latencies = []
+            for _ in range(20):
+                t0 = time.time()
+                c.set_registered_model_alias(name, "production", "1")
+                assert wait_for(lambda: holder() == "2"), "a move by hand was not reverted"
+                latencies.append(time.time() - t0)
+            latencies.sort()
+            print(
+                f"guard revert: first {revert_s:.2f} s; 20 moves median {latencies[10]:.2f} s, worst {latencies[-1]:.2f} s"
+            )
+            # 8. guard down, production moved, guard back: restored within 20 s of its start
+            service.terminate()
+            service.wait(timeout=30)
+            c.set_registered_model_alias(name, "production", "1")
+            time.sleep(8)  # MLflow's delivery retries (~7 s) are over: nobody is told any more
+            assert holder() == "1"
+            t_start = time.time()
+            service = subprocess.Popen(
+                [sys.executable, "-m", "steps.guard", "--port", str(port)],
+                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            assert wait_for(lambda: holder() == "2", 20.0), "a move made while the guard was down stayed"
+            print(f"guard restart: restored {time.time() - t_start:.1f} s after start")
         finally:
             service.terminate()
             service.wait(timeout=30)
+
+
+def signed_headers(body: bytes, delivery: str) -> dict[str, str]:
+    """What MLflow's server sends with a delivery, signed with the test's secret."""
+    import base64
+    import hashlib
+    import hmac
+
+    stamp = str(int(time.time()))
+    sig = base64.b64encode(hmac.new(SECRET.encode(), f"{delivery}.{stamp}.".encode() + body, hashlib.sha256).digest())
+    return {guard.SIGNATURE_HEADER: "v1," + sig.decode(), guard.TIMESTAMP_HEADER: stamp,
+            guard.DELIVERY_HEADER: delivery, "Content-Type": "application/json"}  # fmt: skip
+
+
+NAME = "k25-tiny-eagle3"
+
+
+@pytest.fixture
+def promoted(tiny_targets, tmp_path):
+    """A SQLite store (no server, no guard): v1 then v2 promoted to production by `promote`, each on its
+    honest evaluation on a pinned prompt; v3 imported, never evaluated."""
+    from drafter.checkpoint import save_drafter
+    from drafter.prompts import file_digest
+    from tests.conftest import run_step
+
+    _, wrapped = tiny_targets
+    vocab = json.loads((wrapped / "config.json").read_text())["text_config"]["vocab_size"]
+    (tmp_path / "p.jsonl").write_text('{"text": "The quick brown fox"}\n')
+    (tmp_path / "lenient.yaml").write_text(
+        "name: lenient\nbaseline_tps: 10\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\nmin_prompts: 1\n"
+        f"eval_prompts: p.jsonl\neval_prompts_sha256: {file_digest(tmp_path / 'p.jsonl')}\neval_max_new_tokens: 6\n"
+    )
+    for seed in (1, 2, 3):
+        save_drafter(
+            tiny_drafter(seed=seed, vocab_size=vocab, draft_vocab_size=128, aux_layer_ids=[0, 1, 2]),
+            tmp_path / f"d{seed}",
+            include_embedding=False,
+        )
+        assert run_step("import_drafter", ["--source", str(tmp_path / f"d{seed}"), "--target", str(wrapped)],
+                        tmp_path).returncode == 0  # fmt: skip
+    for v in ("1", "2"):
+        uri = f"models:/{NAME}/{v}"
+        for step, args in (
+            ("shape_gate", ["--model", uri, "--target", str(wrapped)]),
+            ("evaluate", ["--model", uri, "--target", str(wrapped), "--profile", str(tmp_path / "lenient.yaml")]),
+            ("promote", ["--model", uri, "--profile", str(tmp_path / "lenient.yaml")]),
+        ):
+            res = run_step(step, args, tmp_path)
+            assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    return tmp_path, wrapped
+
+
+def test_reconcile_restores_every_kind_of_move_on_a_store_without_a_guard(promoted):
+    """One row per way a serving alias or stage was moved behind promote's back, each put back by one
+    reconciliation (`python -m steps.guard --reconcile` where it says so) and audited; promote's own
+    moves are the positive control."""
+    from registry.reconcile import disagreements, reconcile
+    from registry.sanction import holder
+    from tests.conftest import run_step
+
+    tmp, wrapped = promoted
+    c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+
+    def state():
+        versions = c.search_model_versions(f"name='{NAME}'")
+        held = c.get_registered_model(NAME).aliases.get("production")
+        return (str(held) if held is not None else None), {
+            str(v.version) for v in versions if v.current_stage == "Production"
+        }
+
+    # positive control: promote's own moves stand, nothing to do
+    assert state() == ("2", {"2"}) and reconcile(c) == [] and disagreements(c, NAME) == []
+    # the alias set by hand (no guard running): the CLI puts it back and says so
+    c.set_registered_model_alias(NAME, "production", "3")
+    warned = run_step("shape_gate", ["--model", f"models:/{NAME}/3", "--target", str(wrapped)], tmp)
+    assert "shape_gate: warning: k25-tiny-eagle3: `production` points at v3, the last sanctioned decision put it " \
+           "at v2" in warned.stderr  # fmt: skip
+    res = run_step("guard", ["--reconcile"], tmp)
+    assert res.returncode == 0 and "`production` back from v3 to v2, where promote put it" in res.stdout, res.stdout
+    assert state() == ("2", {"2"})
+    # audit runs made by hand with the genuine tags sanction nothing
+    audit = c.get_experiment_by_name("drafterops-audit").experiment_id
+    for decision in ("promote:production:yes", "alias:production"):
+        run = c.create_run(audit, tags={"model": NAME, "version": "3", "decision": decision})
+        c.set_terminated(run.info.run_id)
+    assert holder(c, NAME, "production").version == "2"
+    c.set_registered_model_alias(NAME, "production", "3")
+    assert any("back from v3 to v2" in a for a in reconcile(c)) and state() == ("2", {"2"})
+    # a legacy stage moved by hand (no alias event at all), and the holder's stage lost (promote killed)
+    c.transition_model_version_stage(NAME, "3", "Production", archive_existing_versions=True)
+    done = reconcile(c)
+    assert any("Production taken off v3" in a for a in done) and any("Production restored on v2" in a for a in done)
+    assert state() == ("2", {"2"})
+    # the version holding production deleted: production goes back to the previous sanctioned holder
+    c.delete_model_version(NAME, "2")
+    done = reconcile(c)
+    assert any("to v1, where promote put it (sanctioned v2 no longer exists)" in a for a in done), done
+    assert state() == ("1", {"1"})
+    # renamed, and a new model under the old name given production by hand: never sanctioned
+    c.rename_registered_model(NAME, "renamed-eagle3")
+    c.create_registered_model(NAME)
+    c.create_model_version(NAME, c.get_model_version_download_uri("renamed-eagle3", "3"))
+    c.set_registered_model_alias(NAME, "production", "1")
+    assert holder(c, NAME, "production").version is None
+    done = reconcile(c)
+    assert any(a.startswith(f"{NAME}: cleared `production` (was v1)") for a in done), done
+    assert "production" not in c.get_registered_model(NAME).aliases
+    reverts = c.search_runs([audit], filter_string="tags.decision = 'guard:revert:production'")
+    assert len(reverts) >= 6 and all(r.data.tags["reason"] for r in reverts)

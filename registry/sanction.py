@@ -1,0 +1,103 @@
+"""Where `promote` put each serving alias, in records nobody else can write.
+
+When `promote` moves a serving alias it writes a sanction: the registered model's identity (its name and
+the creation time the server stamped, which no API call changes; a renamed model or a new one under the
+old name is another model), the alias, the version and that version's own creation time, the evaluation
+run and the decision. It is signed with the evidence key (registry.signing) and kept as `sanction.json`
+in the decision's audit run. The sanctioned holder of an alias is the newest valid sanction for this very
+model whose version still exists; audit runs made by hand, with the right tags or not, sanction nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from registry import naming, signing
+
+SANCTION_FILE = "sanction.json"
+
+
+def model_identity(rm: Any) -> dict[str, Any]:
+    return {"name": rm.name, "created": int(rm.creation_timestamp or 0)}
+
+
+def payload(rm: Any, mv: Any, alias: str, evidence_run: str, reason: str) -> dict[str, Any]:
+    """The signed sanction for moving `alias` of `rm` to `mv`."""
+    return signing.sign(
+        {
+            "kind": "sanction",
+            "model": model_identity(rm),
+            "alias": alias,
+            "version": str(mv.version),
+            "version_created": int(mv.creation_timestamp or 0),
+            "evidence_run": evidence_run,
+            "reason": reason,
+        }
+    )
+
+
+@dataclass(frozen=True)
+class Holder:
+    """The sanctioned holder of an alias (version None: no valid sanction for a version that exists)."""
+
+    version: str | None
+    run_id: str | None = None
+    deleted: tuple[str, ...] = ()  # newer sanctioned versions that no longer exist
+    ignored: int = 0  # audit runs that claimed a move but carry no valid sanction for this model
+
+
+def holder(c: Any, name: str, alias: str) -> Holder:
+    """The newest valid sanction of `alias` for the registered model now called `name`."""
+    from mlflow.entities import ViewType
+    from mlflow.exceptions import MlflowException
+
+    from registry.audit import AUDIT_EXPERIMENT
+
+    exp = c.get_experiment_by_name(AUDIT_EXPERIMENT)
+    if exp is None:
+        return Holder(None)
+    rm = c.get_registered_model(name)
+    identity = model_identity(rm)
+    q = naming.quote_filter_value
+    runs = c.search_runs(
+        [exp.experiment_id],
+        filter_string=f"tags.model = {q(name)} and tags.decision = {q(f'alias:{alias}')}",
+        run_view_type=ViewType.ALL,
+        order_by=["attributes.start_time DESC"],
+        max_results=500,
+    )
+    deleted, ignored = [], 0
+    for run in runs:
+        record = _read(c, run.info.run_id)
+        if record is None or signing.verify(record) or record.get("kind") != "sanction":
+            ignored += 1
+            continue
+        if record.get("model") != identity or record.get("alias") != alias:
+            ignored += 1
+            continue
+        version = str(record.get("version"))
+        try:
+            mv = c.get_model_version(name, version)
+        except MlflowException:
+            deleted.append(version)
+            continue
+        if int(mv.creation_timestamp or 0) != record.get("version_created"):
+            deleted.append(version)  # the number was reused by another version
+            continue
+        return Holder(version, run.info.run_id, tuple(deleted), ignored)
+    return Holder(None, None, tuple(deleted), ignored)
+
+
+def _read(c: Any, run_id: str) -> dict[str, Any] | None:
+    from mlflow.exceptions import MlflowException
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            raw = json.loads(Path(c.download_artifacts(run_id, SANCTION_FILE, tmp)).read_text())
+        except (MlflowException, OSError, ValueError):
+            return None
+    return raw if isinstance(raw, dict) else None
