@@ -155,9 +155,8 @@ def test_unsanctioned_alias_moves_are_reverted(tiny_targets, tmp_path, monkeypat
                 assert wait_for(lambda: holder() == "2"), "a move by hand was not reverted"
                 latencies.append(time.time() - t0)
             latencies.sort()
-            print(
-                f"guard revert: first {revert_s:.2f} s; 20 moves median {latencies[10]:.2f} s, worst {latencies[-1]:.2f} s"
-            )
+            median, worst = latencies[10], latencies[-1]
+            print(f"guard revert: first {revert_s:.2f} s; 20 moves median {median:.2f} s, worst {worst:.2f} s")
             # 8. guard down, production moved, guard back: restored within 20 s of its start
             service.terminate()
             service.wait(timeout=30)
