@@ -195,10 +195,13 @@ def mismatches(
     target_digest: str,
     drafter_files: dict[str, str],
     pinned: dict[str, list[str]] | None = None,
+    version: tuple[str, str] | None = None,
 ) -> list[str]:
     """Why a record cannot stand as evidence for this profile, target and drafter (empty: it can)."""
     why = []
     pinned = pinned_keys(profile) if pinned is None else pinned
+    if version is not None and (rec.model, rec.version) != version:
+        why.append(f"a record of models:/{rec.model}/{rec.version}, not of this version")
     if not profile.workload:
         why.append(f"profile {profile.name} pins no evaluation prompts (eval_prompts or workload)")
     elif rec.scope != WORKLOAD:
@@ -329,7 +332,7 @@ def recompute(c: Any, mv: Any, profile: Profile, model_target: str) -> Evidence:
     contaminated = overlap(training_prompt_keys(c, mv), pinned)
     matching, refused = [], []
     for rec in found.records:
-        why = mismatches(rec, profile, tdigest, files, pinned)
+        why = mismatches(rec, profile, tdigest, files, pinned, (mv.name, str(mv.version)))
         (refused if why else matching).append((rec, why))
     standing = deciding([r for r, _ in matching], profile.eval_temperature == 0)
     newest = max((r.created for r in standing), default=0.0)

@@ -4,14 +4,16 @@ When `promote` moves a serving alias it writes a sanction: the registered model'
 the creation time the server stamped, which no API call changes; a renamed model or a new one under the
 old name is another model), the alias, the version and that version's own creation time, the evaluation
 run and the decision. It is signed with the evidence key (registry.signing) and kept as `sanction.json`
-in the decision's audit run. The sanctioned holder of an alias is the newest valid sanction for this very
-model whose version still exists; audit runs made by hand, with the right tags or not, sanction nothing.
+in the decision's audit run. The sanctioned holder of an alias is the newest valid sanction (by the time signed
+into it) for this very model whose version still exists; audit runs made by hand, with the right tags
+or not, sanction nothing, and a copy of an old sanction in a new run is no newer than the original.
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ def payload(rm: Any, mv: Any, alias: str, evidence_run: str, reason: str) -> dic
             "version_created": int(mv.creation_timestamp or 0),
             "evidence_run": evidence_run,
             "reason": reason,
+            "at": time.time(),  # the order of sanctions is theirs, not their runs' (a copy made later is no newer)
         }
     )
 
@@ -70,15 +73,15 @@ def holder(c: Any, name: str, alias: str) -> Holder:
         order_by=["attributes.start_time DESC"],
         max_results=500,
     )
-    deleted, ignored = [], 0
+    valid, ignored = [], 0
     for run in runs:
         record = _read(c, run.info.run_id)
-        if record is None or signing.verify(record) or record.get("kind") != "sanction":
+        if _sanctions(record, identity, alias):
+            valid.append((float(record.get("at", 0.0)), run.info.run_id, record))
+        else:
             ignored += 1
-            continue
-        if record.get("model") != identity or record.get("alias") != alias:
-            ignored += 1
-            continue
+    deleted = []
+    for _, run_id, record in sorted(valid, key=lambda v: v[0], reverse=True):
         version = str(record.get("version"))
         try:
             mv = c.get_model_version(name, version)
@@ -88,8 +91,19 @@ def holder(c: Any, name: str, alias: str) -> Holder:
         if int(mv.creation_timestamp or 0) != record.get("version_created"):
             deleted.append(version)  # the number was reused by another version
             continue
-        return Holder(version, run.info.run_id, tuple(deleted), ignored)
+        return Holder(version, run_id, tuple(deleted), ignored)
     return Holder(None, None, tuple(deleted), ignored)
+
+
+def _sanctions(record: dict[str, Any] | None, identity: dict[str, Any], alias: str) -> bool:
+    """A signed sanction of this alias for this very model (not a copy from another model or alias)."""
+    return (
+        record is not None
+        and signing.verify(record) is None
+        and record.get("kind") == "sanction"
+        and record.get("model") == identity
+        and record.get("alias") == alias
+    )
 
 
 def _read(c: Any, run_id: str) -> dict[str, Any] | None:
