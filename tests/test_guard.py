@@ -259,6 +259,15 @@ def test_reconcile_restores_every_kind_of_move_on_a_store_without_a_guard(promot
         run = c.create_run(audit, tags={"model": NAME, "version": "3", "decision": decision})
         c.set_terminated(run.info.run_id)
     assert holder(c, NAME, "production").version == "2"
+    # v1's genuine signed sanction copied into a new run: no newer than it was (no rollback to v1)
+    from registry.sanction import SANCTION_FILE
+
+    first = c.search_runs([audit], filter_string="tags.decision = 'alias:production' and tags.version = '1'")[-1]
+    old = c.download_artifacts(first.info.run_id, SANCTION_FILE, str(tmp))
+    replay = c.create_run(audit, tags={"model": NAME, "version": "1", "decision": "alias:production"})
+    c.log_artifact(replay.info.run_id, old)
+    c.set_terminated(replay.info.run_id)
+    assert holder(c, NAME, "production").version == "2"
     c.set_registered_model_alias(NAME, "production", "3")
     assert any("back from v3 to v2" in a for a in reconcile(c)) and state() == ("2", {"2"})
     # a legacy stage moved by hand (no alias event at all), and the holder's stage lost (promote killed)
