@@ -80,8 +80,9 @@ def _one_line(reasons: dict[str, Any] | str, limit: int = 500) -> str:
 
 
 def move_alias(
-    c: Any, name: str, alias: str, version: str, reason: str, by_promote: bool = False, evidence_run: str = ""
-) -> str | None:
+    c: Any, name: str, alias: str, version: str, reason: str, by_promote: bool = False, evidence_run: str = "",
+    terms: str = "",
+) -> str | None:  # fmt: skip
     """Point `alias` at `version`, mirror the legacy stage, mark the replaced version; returns it.
     Serving aliases move only when the promotion rule said yes (`by_promote`), and then with a signed
     sanction (registry.sanction) written before the alias moves."""
@@ -92,8 +93,8 @@ def move_alias(
     if alias in naming.PROTECTED_ALIASES:
         from registry import sanction
 
-        signed = sanction.payload(c.get_registered_model(name), c.get_model_version(name, str(version)), alias,
-                                  evidence_run, reason)  # fmt: skip
+        signed = sanction.payload(c, c.get_registered_model(name), c.get_model_version(name, str(version)), alias,
+                                  evidence_run, reason, terms)  # fmt: skip
         files[sanction.SANCTION_FILE] = json.dumps(signed, indent=1)
     record(c, name, version, f"alias:{alias}", reason, files=files, alias=alias, previous=previous or "none")
     c.set_registered_model_alias(name, alias, str(version))

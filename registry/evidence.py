@@ -260,6 +260,7 @@ def log_record(rec: EvidenceRecord) -> None:
     import mlflow
 
     mlflow.log_text(rec.to_json() + "\n", EVIDENCE_FILE)
+    mlflow.log_param(TAG, f"{rec.model}/{rec.version}")  # what finds it: a param can be neither changed nor removed
     mlflow.set_tags(rec.run_tags())
 
 
@@ -273,20 +274,28 @@ class Found:
 
 def records_for(c: Any, model: str, version: str) -> Found:
     """Every evaluation of this version, from every experiment, active or deleted, whatever its state,
-    oldest first."""
+    oldest first. Runs are found by their `drafterops.evidence` *param*, which MLflow lets nobody change
+    or delete (a tag could be removed to hide an unfavourable record), page by page (none left out)."""
     from mlflow.entities import ViewType
     from mlflow.exceptions import MlflowException
 
     from registry.naming import quote_filter_value
 
     experiments = [e.experiment_id for e in c.search_experiments(view_type=ViewType.ALL)]
-    runs = c.search_runs(
-        experiments,
-        filter_string=f"tags.`{TAG}` = {quote_filter_value(f'{model}/{version}')}",
-        run_view_type=ViewType.ALL,
-        order_by=["attributes.start_time ASC"],
-        max_results=5000,
-    )
+    runs, token = [], None
+    while True:
+        page = c.search_runs(
+            experiments,
+            filter_string=f"params.`{TAG}` = {quote_filter_value(f'{model}/{version}')}",
+            run_view_type=ViewType.ALL,
+            order_by=["attributes.start_time ASC"],
+            max_results=1000,
+            page_token=token,
+        )
+        runs += list(page)
+        token = page.token
+        if not token:
+            break
     found = Found([], [])
     for run in runs:
         started = run.info.start_time / 1000

@@ -126,6 +126,10 @@ def decide(
                 "no other production version" if incumbent is None else "already the production version",
             )
         )
+    elif incumbent.unusable:  # a broken record must not make the incumbent look unevaluated
+        d.reasons.append(
+            Reason("not worse than production", False, f"production v{incumbent.version}: {incumbent.note}")
+        )
     elif incumbent.accept_len is None:
         d.reasons.append(
             Reason(

@@ -46,6 +46,8 @@ def reconcile_model(c: Any, name: str, why: str = "reconcile") -> list[str]:
         current = audit.current_alias_version(c, name, alias)
         lost = f" (sanctioned v{', v'.join(held.deleted)} no longer exist{'s' if len(held.deleted) == 1 else ''})"
         lost = lost if held.deleted else ""
+        if held.changed:
+            lost += f" (the files of sanctioned v{', v'.join(held.changed)} changed since their promotion)"
         if current != held.version:
             if held.version is None:
                 if current is not None:

@@ -23,12 +23,20 @@ from registry import naming, signing
 SANCTION_FILE = "sanction.json"
 
 
+def version_files(c: Any, mv: Any) -> dict[str, str]:
+    """sha256 of every file an engine loads from the version, as the registry holds them now."""
+    from registry import store
+
+    folder = store.local_folder(c, mv) or store.download_version(f"models:/{mv.name}/{mv.version}").folder
+    return store.drafter_files(folder)
+
+
 def model_identity(rm: Any) -> dict[str, Any]:
     return {"name": rm.name, "created": int(rm.creation_timestamp or 0)}
 
 
-def payload(rm: Any, mv: Any, alias: str, evidence_run: str, reason: str) -> dict[str, Any]:
-    """The signed sanction for moving `alias` of `rm` to `mv`."""
+def payload(c: Any, rm: Any, mv: Any, alias: str, evidence_run: str, reason: str, terms: str = "") -> dict[str, Any]:
+    """The signed sanction for moving `alias` of `rm` to `mv`: what was decided, on which files."""
     return signing.sign(
         {
             "kind": "sanction",
@@ -36,6 +44,8 @@ def payload(rm: Any, mv: Any, alias: str, evidence_run: str, reason: str) -> dic
             "alias": alias,
             "version": str(mv.version),
             "version_created": int(mv.creation_timestamp or 0),
+            "files": version_files(c, mv),
+            "terms": terms,  # the profile (name and digest) and margin the decision was taken under
             "evidence_run": evidence_run,
             "reason": reason,
             "at": time.time(),  # the order of sanctions is theirs, not their runs' (a copy made later is no newer)
@@ -51,6 +61,7 @@ class Holder:
     run_id: str | None = None
     deleted: tuple[str, ...] = ()  # newer sanctioned versions that no longer exist
     ignored: int = 0  # audit runs that claimed a move but carry no valid sanction for this model
+    changed: tuple[str, ...] = ()  # newer sanctioned versions whose files changed since their sanction
 
 
 def holder(c: Any, name: str, alias: str) -> Holder:
@@ -80,19 +91,25 @@ def holder(c: Any, name: str, alias: str) -> Holder:
             valid.append((float(record.get("at", 0.0)), run.info.run_id, record))
         else:
             ignored += 1
-    deleted = []
+    deleted, changed = [], []
     for _, run_id, record in sorted(valid, key=lambda v: v[0], reverse=True):
         version = str(record.get("version"))
         try:
             mv = c.get_model_version(name, version)
         except MlflowException:
-            deleted.append(version)
+            if version not in deleted:
+                deleted.append(version)
             continue
+        if version in deleted or version in changed:
+            continue  # another copy of a sanction already judged
         if int(mv.creation_timestamp or 0) != record.get("version_created"):
             deleted.append(version)  # the number was reused by another version
             continue
-        return Holder(version, run_id, tuple(deleted), ignored)
-    return Holder(None, None, tuple(deleted), ignored)
+        if record.get("files") != version_files(c, mv):
+            changed.append(version)  # what would be served is not what was decided on
+            continue
+        return Holder(version, run_id, tuple(deleted), ignored, tuple(changed))
+    return Holder(None, None, tuple(deleted), ignored, tuple(changed))
 
 
 def _sanctions(record: dict[str, Any] | None, identity: dict[str, Any], alias: str) -> bool:

@@ -40,12 +40,21 @@ def client():
     return MlflowClient()
 
 
+_HASHED: dict[tuple[str, int, int], str] = {}
+
+
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with Path(path).open("rb") as fh:
-        while block := fh.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
+    """A file's sha256; remembered per (path, size, mtime) in this process, so a guard that checks the
+    serving versions every minute reads each weights file once, and again only when it changed."""
+    st = Path(path).stat()
+    key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _HASHED:
+        h = hashlib.sha256()
+        with Path(path).open("rb") as fh:
+            while block := fh.read(1 << 22):
+                h.update(block)
+        _HASHED[key] = h.hexdigest()
+    return _HASHED[key]
 
 
 def file_hashes(folder: Path) -> dict[str, str]:
@@ -122,7 +131,7 @@ def download_version(uri: str, dst: str | Path | None = None) -> DrafterRef:
     mv = get_version(uri, c)
     ref = dict(model_name=mv.name, model_version=str(mv.version))
     if dst is None:
-        local = _local_artifacts(c, mv)
+        local = local_folder(c, mv)
         if local is not None:
             return DrafterRef(uri, local, "registry", **ref)
     store_key = hashlib.sha256(str(c.tracking_uri).encode()).hexdigest()[:12]
@@ -145,7 +154,7 @@ def _mkdir(path: Path) -> Path:
     return path
 
 
-def _local_artifacts(c: Any, mv: Any) -> Path | None:
+def local_folder(c: Any, mv: Any) -> Path | None:
     """The version's folder when the artifact store is a local path (nothing to download or cache)."""
     from urllib.parse import unquote, urlparse
 

@@ -29,6 +29,8 @@ def run(args: argparse.Namespace) -> int:
         margin = float(args.margin)
     except ValueError:
         raise BadInput(f"--margin must be a number, got {args.margin!r}") from None
+    if not 0 <= margin <= 1:  # nan and inf included: a margin past 1 token a cycle makes the rule say nothing
+        raise BadInput(f"--margin must be between 0 and 1 (accept_len), got {args.margin}")
     c = store.client()
     with store.registry_lock():
         mv = store.get_version(args.model, c)
@@ -98,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
             )  # fmt: skip
             if decision.allowed:  # the alias moves last, after every check and record
                 audit.move_alias(c, mv.name, args.stage, mv.version, decision.summary(), by_promote=True,
-                                 evidence_run=decision.evidence_run or "")  # fmt: skip
+                                 evidence_run=decision.evidence_run or "", terms=f"{profile.name} "
+                                 f"{profile.digest[:16]}, margin {margin:g}")  # fmt: skip
             describe.refresh_model_page(c, mv.name, f"v{mv.version} -> {args.stage}: {decision.summary()}")
     return 0 if decision.allowed else 1
 

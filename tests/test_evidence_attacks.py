@@ -189,6 +189,8 @@ def test_deleting_or_failing_the_unfavourable_record_withdraws_nothing(store):
         return res.stdout
 
     assert f"evaluation run {worst}" in deciding_run()
+    c.delete_tag(worst, "drafterops.evidence")  # the tag is for the UI; records are found by an immutable param
+    assert f"evaluation run {worst}" in deciding_run()
     c.delete_run(worst)
     assert f"evaluation run {worst}" in deciding_run()
     c.restore_run(worst)
@@ -262,6 +264,24 @@ def test_the_candidate_cannot_choose_its_evaluation(candidate_store):
     assert ok.returncode == 0, ok.stdout[-3000:]
     for cls in ("code", "docs", "repl"):
         assert f"class {cls} (" in ok.stdout
+
+
+def test_a_broken_record_of_the_incumbent_does_not_lift_not_worse_than_production(store):
+    """v2 holds production on its honest record; a junk record forged for it must not make it look
+    unevaluated (which would let any worse candidate past rule 5)."""
+    from registry.evidence import EVIDENCE_FILE, TAG
+
+    tmp, target = store
+    c = _client(tmp)
+    _evaluate(tmp, "2", "lenient.yaml", target=target)
+    assert _promote(tmp, "2", stage="production").returncode == 0
+    run = c.create_run(c.get_experiment_by_name("Default").experiment_id, tags={TAG: f"{NAME}/2"})
+    c.log_param(run.info.run_id, TAG, f"{NAME}/2")
+    c.log_text(run.info.run_id, "{}", EVIDENCE_FILE)
+    c.set_terminated(run.info.run_id)
+    _evaluate(tmp, "1", "lenient.yaml", target=target)
+    res = _promote(tmp, "1", stage="production")
+    _refused(res, "| not worse than production | NO | production v2: evaluation run")
 
 
 if __name__ == "__main__":

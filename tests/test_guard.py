@@ -7,6 +7,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import mlflow
 import pytest
@@ -280,6 +281,17 @@ def test_reconcile_restores_every_kind_of_move_on_a_store_without_a_guard(promot
     done = reconcile(c)
     assert any("to v1, where promote put it (sanctioned v2 no longer exists)" in a for a in done), done
     assert state() == ("1", {"1"})
+    # the files of the version holding production replaced after its promotion: it no longer holds it
+    mv = c.get_model_version(NAME, "1")
+    folder = Path(c.get_model_version_download_uri(NAME, "1").removeprefix("file://"))
+    config = json.loads((folder / "config.json").read_text())
+    (tmp / "swap").mkdir()
+    (tmp / "swap" / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 10.0}))
+    c.log_model_artifact(mv.model_id or mv.source.removeprefix("models:/"), str(tmp / "swap" / "config.json"))
+    done = reconcile(c)
+    assert any("cleared `production` (was v1): no sanctioned version" in a and "(the files of sanctioned v1 changed "
+               "since their promotion)" in a for a in done), done  # fmt: skip
+    assert state() == (None, set())
     # renamed, and a new model under the old name given production by hand: never sanctioned
     c.rename_registered_model(NAME, "renamed-eagle3")
     c.create_registered_model(NAME)

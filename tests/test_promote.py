@@ -213,7 +213,7 @@ def test_two_promotions_racing_end_consistent(evaluated, tiny_targets):
     procs = [
         run_step(
             "promote",
-            ["--model", f"models:/k25-tiny-eagle3/{v}", "--profile", str(tmp / "lenient.yaml"), "--margin", "10"],
+            ["--model", f"models:/k25-tiny-eagle3/{v}", "--profile", str(tmp / "lenient.yaml"), "--margin", "1"],
             tmp,
             wait=False,
         )
