@@ -40,8 +40,8 @@ def evaluate(store, python: Path, version: str, *extra: str) -> subprocess.Compl
     tmp, env = store
     cmd = [
         sys.executable, "-m", "steps.evaluate", "--model", f"models:/k2.5-mini-eagle3/{version}",
-        "--engine", "vllm", "--engine_python", str(python), "--limit", "6", "--max_new_tokens", "32",
-        "--concurrency", "2", "--no-progress", *extra,
+        "--engine", "vllm", "--engine_python", str(python), "--class", "code", "--limit", "12",
+        "--max_new_tokens", "32", "--concurrency", "2", "--no-progress", *extra,
     ]  # fmt: skip
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
