@@ -422,24 +422,28 @@ def build_pool(cfg: BuildConfig, out: Path, n: int = POOL_CONVERSATIONS) -> dict
     """A larger pool of K2.5 conversations for the data-scaling ladder, written by k2.5-mini itself.
     Its prompts come from the era-2 training stream (as a real fine-tuning set's prompts need not be
     held out from the target), so the held-out stream behind k2.5-val and k2.5-test stays untouched."""
-    from transformers import AutoTokenizer
-
-    from drafter.target import load_target
-
-    record_path = out / "build_record.json"
-    record = json.loads(record_path.read_text())
-    if record.get("config") != asdict(cfg):
-        raise SystemExit("--stage pool needs an earlier full build with the same settings")
+    record, tok, model = over_full_build(cfg, out, "pool")
     t0 = time.perf_counter()
-    tok = AutoTokenizer.from_pretrained(out / "k2.5-mini")
     _, st, _, _, _ = prepare(cfg, tok)
-    model = load_target(out / "k2.5-mini").model.float().eval()
     starts = disjoint_starts(len(st["train2"]), cfg.prompt_tokens + 1, [n], random.Random(cfg.seed + 2))[0]
     write_jsonl(out / "prompts" / "k2.5-pool.jsonl", self_distilled(model, tok, st["train2"], starts, cfg))
     record["pool"] = {"conversations": n, "prompts_from": "era-2 training stream", "seconds": time.perf_counter() - t0}
     record["artifacts"]["prompts"] = sha256_tree(out / "prompts")
-    record_path.write_text(json.dumps(record, indent=2) + "\n")
+    (out / "build_record.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
+
+
+def over_full_build(cfg: BuildConfig, out: Path, stage: str):
+    """(build record, tokenizer, k2.5-mini in fp32) of an earlier full build with these settings."""
+    from transformers import AutoTokenizer
+
+    from drafter.target import load_target
+
+    record = json.loads((out / "build_record.json").read_text())
+    if record.get("config") != asdict(cfg):
+        raise SystemExit(f"--stage {stage} needs an earlier full build with the same settings")
+    tok = AutoTokenizer.from_pretrained(out / "k2.5-mini")
+    return record, tok, load_target(out / "k2.5-mini").model.float().eval()
 
 
 WORKLOAD_PROMPTS = 24  # per traffic class
@@ -495,17 +499,8 @@ def build_workload(cfg: BuildConfig, out: Path, n: int = WORKLOAD_PROMPTS) -> di
     """The deployment's traffic classes, answered greedily by k2.5-mini as the other prompt sets are:
     workload-<class>.jsonl, disjoint from every training, validation, test and pool prompt (their text
     never entered the targets' corpus, which every other set is cut from)."""
-    from transformers import AutoTokenizer
-
-    from drafter.target import load_target
-
-    record_path = out / "build_record.json"
-    record = json.loads(record_path.read_text())
-    if record.get("config") != asdict(cfg):
-        raise SystemExit("--stage workload needs an earlier full build with the same settings")
     t0 = time.perf_counter()
-    tok = AutoTokenizer.from_pretrained(out / "k2.5-mini")
-    model = load_target(out / "k2.5-mini").model.float().eval()
+    record, tok, model = over_full_build(cfg, out, "workload")
     rng = random.Random(cfg.seed + 3)
     classes = {}
     for name, texts in workload_texts(cfg).items():
@@ -520,7 +515,7 @@ def build_workload(cfg: BuildConfig, out: Path, n: int = WORKLOAD_PROMPTS) -> di
         }
     record["workload"] = {"classes": classes, "seconds": time.perf_counter() - t0}
     record["artifacts"]["prompts"] = sha256_tree(out / "prompts")
-    record_path.write_text(json.dumps(record, indent=2) + "\n")
+    (out / "build_record.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
 
 

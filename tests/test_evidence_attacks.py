@@ -20,7 +20,7 @@ import mlflow
 import pytest
 
 from tests.conftest import run_step
-from tests.test_promote import MANY, write_profiles
+from tests.test_promote import MANY, register_gated, write_profiles
 
 NAME = "k25-tiny-eagle3"
 
@@ -82,28 +82,12 @@ def _forge(tmp: Path, version: str, target: Path, sign_with=None, per_prompt=Non
 def store(tiny_targets, tmp_path_factory):
     """Two registered, gated tiny drafters and profiles that pin many.jsonl (lenient: break-even 0.3,
     so an honest evaluation is the positive control; sampled: the same at temperature 0.8)."""
-    from drafter.checkpoint import save_drafter
-    from tests.conftest import tiny_drafter
-
     tmp = tmp_path_factory.mktemp("attacks")
     _, wrapped = tiny_targets
-    vocab = json.loads((wrapped / "config.json").read_text())["text_config"]["vocab_size"]
     write_profiles(tmp)
     lenient = (tmp / "lenient.yaml").read_text()
     (tmp / "sampled.yaml").write_text(lenient.replace("lenient", "sampled") + "eval_temperature: 0.8\n")
-    for seed in (1, 2):
-        save_drafter(
-            tiny_drafter(seed=seed, vocab_size=vocab, draft_vocab_size=128, aux_layer_ids=[0, 1, 2]),
-            tmp / f"d{seed}",
-            include_embedding=False,
-        )
-        assert (
-            run_step("import_drafter", ["--source", str(tmp / f"d{seed}"), "--target", str(wrapped)], tmp).returncode
-            == 0
-        )
-        assert (
-            run_step("shape_gate", ["--model", f"models:/{NAME}/{seed}", "--target", str(wrapped)], tmp).returncode == 0
-        )
+    register_gated(tmp, wrapped, (1, 2))
     return tmp, wrapped
 
 

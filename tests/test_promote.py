@@ -78,29 +78,34 @@ def evaluate(tmp, uri, target, profile, *extra):
     return res
 
 
-@pytest.fixture(scope="module")
-def evaluated(tiny_targets, tmp_path_factory):
-    """Two registered tiny drafters, gated; v1 really evaluated on 20 prompts under the seed profile and
-    under a lenient one whose break-even any drafter beats (the positive control)."""
+def register_gated(tmp: Path, wrapped: Path, seeds: tuple[int, ...]) -> None:
+    """Tiny drafters (one per seed) imported as versions 1, 2, ... of k25-tiny-eagle3, each gated."""
     from drafter.checkpoint import save_drafter
     from tests.conftest import tiny_drafter
 
-    tmp = tmp_path_factory.mktemp("promote")
-    _, wrapped = tiny_targets
     vocab = json.loads((wrapped / "config.json").read_text())["text_config"]["vocab_size"]
-    write_profiles(tmp)
-    for seed in (1, 2):
+    for seed in seeds:
         save_drafter(
             tiny_drafter(seed=seed, vocab_size=vocab, draft_vocab_size=128, aux_layer_ids=[0, 1, 2]),
             tmp / f"d{seed}",
             include_embedding=False,
         )
-        assert (
-            run_step("import_drafter", ["--source", str(tmp / f"d{seed}"), "--target", str(wrapped)], tmp).returncode
-            == 0
-        )
-        uri = f"models:/k25-tiny-eagle3/{seed}"
-        assert run_step("shape_gate", ["--model", uri, "--target", str(wrapped)], tmp).returncode == 0
+        for step, args in (
+            ("import_drafter", ["--source", str(tmp / f"d{seed}"), "--target", str(wrapped)]),
+            ("shape_gate", ["--model", f"models:/k25-tiny-eagle3/{seed}", "--target", str(wrapped)]),
+        ):
+            res = run_step(step, args, tmp)
+            assert res.returncode == 0, res.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def evaluated(tiny_targets, tmp_path_factory):
+    """Two registered tiny drafters, gated; v1 really evaluated on 20 prompts under the seed profile and
+    under a lenient one whose break-even any drafter beats (the positive control)."""
+    tmp = tmp_path_factory.mktemp("promote")
+    _, wrapped = tiny_targets
+    write_profiles(tmp)
+    register_gated(tmp, wrapped, (1, 2))
     for profile in ("strict.yaml", "lenient.yaml"):
         evaluate(tmp, "models:/k25-tiny-eagle3/1", wrapped, tmp / profile)
     return tmp
