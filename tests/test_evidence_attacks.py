@@ -57,7 +57,7 @@ def _forge(tmp: Path, version: str, target: Path, sign_with=None, per_prompt=Non
     from drafter.cost import load_profile
     from drafter.fingerprint import target_digest
     from registry import signing, store
-    from registry.evidence import EVIDENCE_FILE, ClassCounts, EvidenceRecord, pinned_keys
+    from registry.evidence import EVIDENCE_FILE, TAG, ClassCounts, EvidenceRecord, pinned_keys
 
     profile = load_profile(str(tmp / "lenient.yaml"))
     c = _client(tmp)
@@ -73,6 +73,7 @@ def _forge(tmp: Path, version: str, target: Path, sign_with=None, per_prompt=Non
     if sign:
         payload = signing.sign(payload, sign_with)
     run = c.create_run(c.get_experiment_by_name("Default").experiment_id, tags=rec.run_tags())
+    c.log_param(run.info.run_id, TAG, f"{NAME}/{version}")  # the param evidence is found by, as evaluate logs it
     c.log_text(run.info.run_id, json.dumps(payload), EVIDENCE_FILE)
     c.set_terminated(run.info.run_id, "FINISHED")
     return run.info.run_id
