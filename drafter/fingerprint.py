@@ -2,8 +2,7 @@
 
 A target's identity is its config plus the safetensors headers of its weights (names, shapes, dtypes,
 offsets): read from headers alone, it tells k2-mini from k2.5-mini, or a target whose weights were
-swapped for another layout, without hashing gigabytes. A prompt set's identity is the records used,
-after any limit, so `--limit 1` and the full set never share one.
+swapped for another layout, without hashing gigabytes. (A prompt's identity is drafter.workload.prompt_key.)
 """
 
 from __future__ import annotations
@@ -41,8 +40,3 @@ def target_digest(source: str | Path) -> str:
     for path in sorted(folder.glob("*.safetensors")):
         headers[path.name] = {k: [v.dtype, list(v.shape)] for k, v in read_file_header(path).items()}
     return _sha({"config": cfg, "weights": headers})
-
-
-def records_digest(records: list[dict[str, Any]]) -> str:
-    """The prompt records an evaluation decoded, in order."""
-    return _sha(records)
