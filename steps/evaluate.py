@@ -4,12 +4,21 @@ the target), projected onto a deployment profile; tags the registry version with
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 from pathlib import Path
 
 from drafter.compat import check_compat, drafter_facts, passed, target_facts
 from drafter.cost import break_even_accept_len, load_profile
 from drafter.errors import BadInput, InternalError
+from drafter.workload_report import (
+    MeasuredClass,
+    by_class,
+    class_markdown,
+    class_positions,
+    class_table,
+    classes_figure,
+    figure_metrics,
+    workload_figures,
+)
 from registry import evidence
 from steps._cli import integer, log_params, none_if_empty, parser, run_step, step_run
 from steps.import_drafter import MINIWORLD
@@ -369,70 +378,6 @@ def evaluation_section(
     return text
 
 
-def class_rows(classes, mix, profile) -> list[dict[str, object]]:
-    """One row per traffic class and one for the mix: the figure, the floor, the verdict."""
-    rows = []
-    for c in [*classes, mix]:
-        held = c.name == "mix" or c.share >= profile.min_share
-        floor = 1.0 if c.name == "mix" else profile.class_floor
-        ok = c.ci_low > break_even_accept_len(profile) if c.name == "mix" else (c.speedup >= floor or not held)
-        rows.append(
-            {
-                "class": c.name,
-                "share": round(c.share, 4),
-                "prompts": c.prompts,
-                "accept_len": round(c.accept_len, 4),
-                "ci_low": round(c.ci_low, 4),
-                "ci_high": round(c.ci_high, 4),
-                "projected_speedup": round(c.speedup, 4),
-                "floor": "ci_low > break-even" if c.name == "mix" else (f"{floor:g}x" if held else "none (share)"),
-                "verdict": "ok" if ok else "below",
-            }
-        )
-    return rows
-
-
-def class_table(classes, mix, profile):
-    import pandas as pd
-
-    return pd.DataFrame(class_rows(classes, mix, profile))
-
-
-def class_markdown(classes, mix) -> str:
-    lines = ["| class | share | prompts | accept_len [95% CI] | projected speed-up |", "|---|---|---|---|---|"]
-    for c in [*classes, mix]:
-        label = "**mix**" if c.name == "mix" else c.name
-        lines.append(
-            f"| {label} | {c.share:.0%} | {c.prompts} | {c.accept_len:.3f} [{c.ci_low:.3f}, {c.ci_high:.3f}] | "
-            f"{c.speedup:.2f}x |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def classes_figure(classes, mix, profile, title: str):
-    from drafter.evaluation import class_bars_figure
-
-    return class_bars_figure(
-        [(c.name, c.share, c.accept_len, c.ci_low, c.ci_high) for c in [*classes, mix]],
-        break_even_accept_len(profile),
-        profile.class_floor,
-        profile.min_share,
-        profile.draft_steps,
-        title,
-    )
-
-
-@dataclass
-class MeasuredClass:
-    """A class of prompts as this evaluation decodes them."""
-
-    name: str
-    share: float
-    path: Path
-    sha256: str
-    records: list
-
-
 def prompt_classes(args: argparse.Namespace, profile, limit: int) -> tuple[list[MeasuredClass], str]:
     """(classes to decode, scope): the profile's pinned workload by default; one class of it with
     --class; a file of the user's with --prompts (measured, never evidence)."""
@@ -467,53 +412,6 @@ def prompt_classes(args: argparse.Namespace, profile, limit: int) -> tuple[list[
             records = records[:limit]
         out.append(MeasuredClass(c.name, 1.0 if name else c.share, c.prompts, c.sha256, records))
     return out, (f"class:{name}" if name else evidence.WORKLOAD)
-
-
-def workload_figures(classes: list[MeasuredClass], per_prompt, profile):
-    """Per-class figures and the mix's, from the decoded prompts in class order."""
-    from drafter.workload import class_figures
-
-    parts, start = [], 0
-    for c in classes:
-        parts.append((c.name, c.share, list(per_prompt[start : start + len(c.records)])))
-        start += len(c.records)
-    return class_figures(parts, break_even_accept_len(profile))
-
-
-def figure_metrics(classes, mix, profile) -> dict[str, float]:
-    """The headline is the mix (share-weighted; one class: the pooled figure); each class gets its own."""
-    out = {
-        "accept_len": mix.accept_len,
-        "accept_len_ci_low": mix.ci_low,
-        "accept_len_ci_high": mix.ci_high,
-        "projected_tps": mix.speedup * profile.baseline_tps,
-        "projected_speedup": mix.speedup,
-        "projected_speedup_ci_low": mix.ci_low / break_even_accept_len(profile),
-        "projected_speedup_ci_high": mix.ci_high / break_even_accept_len(profile),
-    }
-    if len(classes) > 1:
-        for c in classes:
-            out.update(
-                {
-                    f"class_{c.name}_accept_len": c.accept_len,
-                    f"class_{c.name}_accept_len_ci_low": c.ci_low,
-                    f"class_{c.name}_accept_len_ci_high": c.ci_high,
-                    f"class_{c.name}_projected_speedup": c.speedup,
-                    f"class_{c.name}_projected_tps": c.speedup * profile.baseline_tps,
-                }
-            )
-    return out
-
-
-def class_positions(classes: list[MeasuredClass], accepted: list[list[int]], k: int) -> dict[str, float]:
-    from drafter.evaluation import acceptance_by_position
-
-    out, start = {}, 0
-    for c in classes:
-        rates = acceptance_by_position(accepted[start : start + len(c.records)], k)
-        out.update({f"class_{c.name}_acc_pos_{i}": a for i, a in enumerate(rates)})
-        start += len(c.records)
-    return out
 
 
 def warn_contamination(mv, classes: list[MeasuredClass]) -> None:
@@ -556,11 +454,10 @@ def evidence_record(
     from registry.evidence import ClassCounts, EvidenceRecord
 
     in_process_version = f"torch {torch.__version__}, transformers {transformers.__version__}"
-    counts, start = [], 0
-    for c in classes:
-        per = measured.per_prompt[start : start + len(c.records)]
-        start += len(c.records)
-        counts.append(ClassCounts(c.name, c.share, c.sha256, [prompt_key(r) for r in c.records], list(per)))
+    counts = [
+        ClassCounts(c.name, c.share, c.sha256, [prompt_key(r) for r in c.records], per)
+        for c, per in by_class(classes, measured.per_prompt)
+    ]
     return EvidenceRecord(
         model=mv.name if mv is not None else "",
         version=str(mv.version) if mv is not None else "",
