@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from drafter.cycle_model import OperatingPoint, parse_operating_points, primary
 from drafter.errors import BadInput
 from drafter.workload import TrafficClass, parse_workload
 
@@ -62,18 +63,56 @@ class Profile:
     eval_temperature: float = 0.0
     workload: tuple[TrafficClass, ...] = field(default=())
     description: str = ""
+    # measured by `calibrate` (drafter/cycle_model): the loads the deployment serves at, and provenance
+    operating_points: tuple[OperatingPoint, ...] = field(default=())
+    measured: dict = field(default_factory=dict, compare=False)
+    concurrency: int | None = None  # set on a view of the profile at one operating point
+    cycle_points: tuple[tuple[int, float], ...] = field(default=())  # timed cycles at this point, by depth
 
     @property
     def cycle_ms(self) -> float:
-        return self.verify_ms + self.draft_steps * self.draft_step_ms
+        return dict(self.cycle_points).get(self.draft_steps, self.verify_ms + self.draft_steps * self.draft_step_ms)
 
     def with_draft_steps(self, k: int) -> Profile:
         return replace(self, draft_steps=k)
 
+    @property
+    def calibrated(self) -> bool:
+        """Break-even measured on the serving engine by `calibrate`, not typed by hand."""
+        return bool(self.operating_points) and bool(self.measured.get("engine"))
+
+    def at(self, op: OperatingPoint) -> Profile:
+        """This profile as served at one operating point (its plain speed and cycle costs)."""
+        return replace(self, baseline_tps=op.plain_tps, verify_ms=op.verify_ms, draft_step_ms=op.draft_step_ms,
+                       cycle_points=op.cycle_ms_measured, concurrency=op.concurrency)  # fmt: skip
+
+    def serving_points(self) -> list[Profile]:
+        """One view per operating point that carries traffic (the profile itself when it names none)."""
+        return [self.at(op) for op in self.operating_points if op.share > 0] or [self]
+
+    def binding(self) -> Profile:
+        """The operating point with the highest break-even: beating it beats every one that carries traffic."""
+        return max(self.serving_points(), key=break_even_accept_len)
+
+    def basis(self) -> str:
+        """Where the break-even comes from, said in every decision."""
+        if not self.calibrated:
+            return f"break-even assumed, not measured (profile {self.name} was not calibrated on its serving engine)"
+        m = self.measured
+        points = ", ".join(op.label() for op in self.operating_points)
+        return f"break-even measured by calibrate on {m.get('engine')} ({m.get('date', 'undated')}) at {points}"
+
     def values(self) -> dict[str, object]:
-        """What decisions depend on (the description does not; a class's file is its digest, not its path)."""
-        out: dict[str, object] = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "description"}
+        """What decisions depend on (the description and provenance do not; a class's file is its digest,
+        not its path). Fields a hand-written profile leaves empty are left out, so its digest is unchanged."""
+        skip = {"description", "measured", "operating_points", "concurrency", "cycle_points"}
+        out: dict[str, object] = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
         out["workload"] = [c.identity() for c in self.workload]
+        if self.operating_points:
+            out["operating_points"] = [op.identity() for op in self.operating_points]
+        if self.concurrency is not None:
+            out["concurrency"] = self.concurrency
+            out["cycle_points"] = [list(p) for p in self.cycle_points]
         return out
 
     def traffic_class(self, name: str) -> TrafficClass:
@@ -90,14 +129,20 @@ class Profile:
         return hashlib.sha256(json.dumps(self.values(), sort_keys=True).encode()).hexdigest()
 
 
-def load_profile(name_or_path: str, profile_dir: Path = PROFILE_DIR) -> Profile:
-    """A profile by name (configs/profiles/<name>.yaml) or by path; every field is checked."""
+def profile_path(name_or_path: str, profile_dir: Path = PROFILE_DIR) -> Path:
+    """configs/profiles/<name>.yaml for a name, else the YAML file given."""
     path = Path(name_or_path)
     if not (path.suffix in {".yaml", ".yml"} and path.is_file()):
         path = profile_dir / f"{name_or_path}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in profile_dir.glob("*.yaml"))
         raise BadInput(f"unknown profile {name_or_path!r} (known: {', '.join(known)})")
+    return path
+
+
+def load_profile(name_or_path: str, profile_dir: Path = PROFILE_DIR) -> Profile:
+    """A profile by name (configs/profiles/<name>.yaml) or by path; every field is checked."""
+    path = profile_path(name_or_path, profile_dir)
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
@@ -105,7 +150,15 @@ def load_profile(name_or_path: str, profile_dir: Path = PROFILE_DIR) -> Profile:
     if not isinstance(raw, dict):
         raise BadInput(f"{path}: expected a mapping of profile fields")
     values: dict = {"name": str(raw.get("name", path.stem)), "description": str(raw.get("description", ""))}
-    known = set(NUMBERS) | {"name", "description", "measured", "workload", "eval_prompts", "eval_prompts_sha256"}
+    known = set(NUMBERS) | {
+        "name",
+        "description",
+        "measured",
+        "workload",
+        "eval_prompts",
+        "eval_prompts_sha256",
+        "operating_points",
+    }
     unknown = sorted(set(raw) - known)
     if unknown:
         raise BadInput(f"{path}: unknown profile field(s) {', '.join(unknown)}")
@@ -125,7 +178,39 @@ def load_profile(name_or_path: str, profile_dir: Path = PROFILE_DIR) -> Profile:
     if values.get("class_floor", 1.0) <= 0 or values.get("eval_temperature", 0.0) < 0:
         raise BadInput(f"{path}: class_floor must be > 0 and eval_temperature >= 0")
     values["workload"] = parse_workload(raw, path)
+    values["operating_points"] = parse_operating_points(raw.get("operating_points"), path)
+    values["measured"] = _measured(raw.get("measured"), values, path)
+    if values["operating_points"]:
+        values["cycle_points"] = primary(values["operating_points"]).cycle_ms_measured
     return Profile(**values)
+
+
+def _measured(raw: object, values: dict, path: Path) -> dict:
+    """The provenance block; a calibrated one (it names an engine) must agree with the figures it explains."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise BadInput(f"{path}: measured must be a mapping")
+    ops = values["operating_points"]
+    if not ops:
+        if raw.get("engine"):
+            raise BadInput(f"{path}: measured names an engine but the profile has no operating_points")
+        return dict(raw)
+    head = primary(ops)
+    for key, got, want in (("baseline_tps", values["baseline_tps"], head.plain_tps),
+                           ("verify_ms", values["verify_ms"], head.verify_ms),
+                           ("draft_step_ms", values["draft_step_ms"], head.draft_step_ms)):  # fmt: skip
+        if abs(got - want) > 1e-6 * max(1.0, abs(want)):
+            raise BadInput(
+                f"{path}: {key} {got:g} contradicts operating point concurrency {head.concurrency} ({want:g}), "
+                "the one that carries the most traffic"
+            )
+    depths, loads = raw.get("draft_steps"), raw.get("concurrency")
+    if depths is not None and any(sorted(depths) != [k for k, _ in op.cycle_ms_measured] for op in ops):
+        raise BadInput(f"{path}: measured.draft_steps {depths} are not the depths each operating point was timed at")
+    if loads is not None and sorted(loads) != [op.concurrency for op in ops]:
+        raise BadInput(f"{path}: measured.concurrency {loads} are not the profile's operating points")
+    return dict(raw)
 
 
 def _number(value: object, key: str, path: Path) -> float | int:

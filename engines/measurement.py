@@ -37,6 +37,8 @@ class EngineRun:
     concurrency: int = 1
     tps_baseline_conc: float | None = None  # all tokens / wall time with `concurrency` requests in flight
     tps_spec_conc: float | None = None
+    decode_tps_baseline_conc: float | None = None  # per request, prefill left out (what break-even models)
+    decode_tps_spec_conc: float | None = None
     start_seconds: dict[str, float] = field(default_factory=dict)
     aux: dict = field(default_factory=dict)  # drafter/aux_layers.mapping of what was handed
     endpoint: str = ""  # a user's server (not launched here)
@@ -73,6 +75,11 @@ class EngineRun:
             m[f"served_tps_baseline_c{c}"] = self.tps_baseline_conc
             m[f"served_tps_spec_c{c}"] = self.tps_spec_conc
             m[f"served_speedup_c{c}"] = self.tps_spec_conc / self.tps_baseline_conc
+        if self.decode_tps_spec_conc and self.decode_tps_baseline_conc:
+            c = self.concurrency
+            m[f"served_decode_tps_baseline_c{c}"] = self.decode_tps_baseline_conc
+            m[f"served_decode_tps_spec_c{c}"] = self.decode_tps_spec_conc
+            m[f"served_decode_speedup_c{c}"] = self.decode_tps_spec_conc / self.decode_tps_baseline_conc
         for name, seconds in self.start_seconds.items():
             m[f"server_start_s_{name}"] = seconds
         return m

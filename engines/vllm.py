@@ -183,12 +183,15 @@ def sequential(base_url: str, prompts: list[list[int]], s: Settings, spec: bool,
     return outputs, per_prompt, accepted_at, dec_tokens / max(dec_seconds, 1e-9)
 
 
-def concurrent(base_url: str, prompts: list[list[int]], s: Settings) -> float:
-    """Served throughput with `concurrency` requests in flight: generated tokens / wall seconds."""
+def concurrent(base_url: str, prompts: list[list[int]], s: Settings) -> tuple[float, float]:
+    """With `concurrency` requests in flight: (generated tokens / wall seconds, the decode tok/s one request
+    sees: tokens after the first over the seconds after the first, summed over requests, prefill left out)."""
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=s.concurrency) as pool:
         results = list(pool.map(lambda ip: complete(base_url, ip[1], s, s.seed + ip[0]), enumerate(prompts)))
-    return sum(len(r[0]) for r in results) / max(time.perf_counter() - t0, 1e-9)
+    wall = sum(len(r[0]) for r in results) / max(time.perf_counter() - t0, 1e-9)
+    decode = sum(max(0, len(r[0]) - 1) for r in results) / max(sum(r[2] - r[1] for r in results), 1e-9)
+    return wall, decode
 
 
 def measure(
@@ -218,6 +221,7 @@ def measure(
         with server:
             starts[name] = server.start_seconds
             url = server.url
+            complete(url, prompts[0], s, s.seed)  # warm-up, not counted: start-up costs stay out of the timings
             bar = tqdm(total=len(prompts), desc=f"vllm {name}", unit="prompt", disable=not progress)
             try:
                 seq = sequential(url, prompts, s, draft is not None, bar.update)
@@ -242,8 +246,10 @@ def measure(
         tps_baseline=base[3],
         tps_spec=spec[3],
         concurrency=s.concurrency,
-        tps_baseline_conc=base[4],
-        tps_spec_conc=spec[4],
+        tps_baseline_conc=base[4][0] if base[4] else None,
+        tps_spec_conc=spec[4][0] if spec[4] else None,
+        decode_tps_baseline_conc=base[4][1] if base[4] else None,
+        decode_tps_spec_conc=spec[4][1] if spec[4] else None,
         start_seconds=starts,
         aux=aux,
         logs=logs,

@@ -69,6 +69,7 @@ class EvidenceRecord:
     aux_layers: dict[str, Any] | None = None  # what the engine was handed and which layers it feeds
     endpoint: str = ""  # a server the user runs (not launched by the project)
     drafter_attested: bool = True  # the project launched the engine with the version's own files
+    acc_pos: list[float] = field(default_factory=list)  # conditional acceptance by draft position, pooled
     created: float = field(default_factory=time.time)
     format: int = FORMAT
     run_id: str = ""  # where it was read from; not part of the signed record
@@ -179,6 +180,8 @@ def sanity(rec: EvidenceRecord) -> list[str]:
                     f"class {c.name} prompt {i}: {tokens} tokens in {cycles} cycles at max_new_tokens "
                     f"{rec.max_new_tokens}"
                 )
+    if rec.acc_pos and (len(rec.acc_pos) != k or not all(0 <= a <= 1 for a in rec.acc_pos)):
+        why.append(f"acceptance by position {rec.acc_pos} at {k} draft steps")
     if not rec.classes or abs(sum(c.share for c in rec.classes) - 1) > 1e-6:
         why.append("class shares do not sum to 1")
     return why
@@ -346,8 +349,11 @@ def recompute(c: Any, mv: Any, profile: Profile, model_target: str) -> Evidence:
     standing = deciding([r for r, _ in matching], profile.eval_temperature == 0)
     newest = max((r.created for r in standing), default=0.0)
     blocking = [(run, why) for run, started, why in found.unusable if started >= newest]
+    points = profile.serving_points()
+    ops = tuple((p.concurrency, _share(profile, p), break_even_accept_len(p)) for p in points if p.concurrency)
     base = Evidence(str(mv.version), gate, model_target, classes=(), min_share=profile.min_share,
-                    class_floor=profile.class_floor, contaminated=contaminated)  # fmt: skip
+                    class_floor=profile.class_floor, contaminated=contaminated, operating_points=ops,
+                    basis=profile.basis())  # fmt: skip
     if blocking:
         run, why = blocking[-1]
         note = (
@@ -368,7 +374,7 @@ def recompute(c: Any, mv: Any, profile: Profile, model_target: str) -> Evidence:
         return _with(base, note=note)
     rec = min(standing, key=lambda r: r.ci()[0])
     lo, _ = rec.ci()
-    be = break_even_accept_len(profile)
+    be = break_even_accept_len(profile.binding())  # every class must clear the hardest operating point
     classes, _ = class_figures([(c.name, c.share, c.per_prompt) for c in rec.classes], be)
     note = (
         f"{rec.num_prompts} pinned prompts in {len(rec.classes)} class(es), {rec.draft_steps} draft steps, "
@@ -377,7 +383,11 @@ def recompute(c: Any, mv: Any, profile: Profile, model_target: str) -> Evidence:
     if len(standing) > 1:
         note += f"; the least favourable of {len(standing)} standing evaluations"
     return _with(base, accept_len=rec.accept_len, ci_low=lo, break_even=be, run_id=rec.run_id, note=note,
-                 classes=tuple(classes))  # fmt: skip
+                 classes=tuple(classes), acc_pos=tuple(rec.acc_pos))  # fmt: skip
+
+
+def _share(profile: Profile, view: Profile) -> float:
+    return next(op.share for op in profile.operating_points if op.concurrency == view.concurrency)
 
 
 def _with(base: Evidence, **changes: Any) -> Evidence:

@@ -37,6 +37,10 @@ class Evidence:
     class_floor: float = 1.0
     unusable: bool = False  # a record that fails its signature or bounds stands in the way
     contaminated: dict[str, int] = field(default_factory=dict)  # class -> pinned prompts it was trained on
+    # (concurrency, share, break-even) per operating point that carries traffic; empty: one hand-written point
+    operating_points: tuple[tuple[int, float, float], ...] = ()
+    basis: str = ""  # where the break-even comes from (measured by calibrate, or assumed)
+    acc_pos: tuple[float, ...] = ()  # the deciding record's acceptance by draft position (for the depth to serve)
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,9 @@ class Decision:
         verdict = "promoted" if self.allowed else "refused"
         failed = [r.detail for r in self.reasons if not r.ok]
         used = f" (evidence: run {self.evidence_run})" if self.evidence_run else ""
-        return f"{verdict} to {self.stage}" + (": " + "; ".join(failed) if failed else "") + used
+        assumed = any(r.rule == "break-even basis" and "assumed" in r.detail for r in self.reasons)
+        basis = "; break-even assumed, not measured" if assumed else ""
+        return f"{verdict} to {self.stage}" + (": " + "; ".join(failed) if failed else "") + used + basis
 
 
 def decide(
@@ -88,6 +94,8 @@ def decide(
     else:
         gate_detail = f"shape gate passed for {candidate.gate_target}"
     d.reasons.append(Reason("shape_gate", gate_ok, gate_detail))
+    if candidate.basis:
+        d.reasons.append(Reason("break-even basis", True, candidate.basis))
     evaluated = candidate.accept_len is not None and candidate.break_even is not None
     detail = candidate.note or ("evaluated on the profile" if evaluated else "never evaluated on this profile")
     if evaluated and candidate.run_id:
@@ -100,23 +108,32 @@ def decide(
         d.reasons.append(Reason("not trained on its evaluation", False, spots))
     if not evaluated:
         return d
-    be, L = candidate.break_even, candidate.accept_len
-    if stage == "staging":
+    L = candidate.accept_len
+    points = candidate.operating_points or ((None, 1.0, candidate.break_even),)
+    for conc, share, be in points:
+        at = "" if conc is None else f" at concurrency {conc}"
+        where = "" if conc is None else f" at concurrency {conc} ({share:.0%} of traffic)"
+        if stage == "staging":
+            ok = be < L
+            d.reasons.append(
+                Reason(
+                    f"beats break-even{at}", ok, f"accept_len {L:.3f} {'>' if ok else '<='} break-even {be:.3f}{where}"
+                )
+            )
+            continue
+        lo = candidate.ci_low
+        ok = lo is not None and lo > be
         d.reasons.append(
-            Reason("beats break-even", be < L, f"accept_len {L:.3f} {'>' if be < L else '<='} break-even {be:.3f}")
+            Reason(
+                f"ci_low beats break-even{at}",
+                ok,
+                "no confidence interval recorded"
+                if lo is None
+                else f"accept_len_ci_low {lo:.3f} {'>' if ok else '<='} break-even {be:.3f}{where}",
+            )
         )
+    if stage == "staging":
         return d
-    lo = candidate.ci_low
-    ok = lo is not None and lo > be
-    d.reasons.append(
-        Reason(
-            "ci_low beats break-even",
-            ok,
-            "no confidence interval recorded"
-            if lo is None
-            else f"accept_len_ci_low {lo:.3f} {'>' if ok else '<='} break-even {be:.3f}",
-        )
-    )
     _class_floor(d, candidate)
     if incumbent is None or incumbent.version == candidate.version:
         d.reasons.append(

@@ -9,6 +9,7 @@ from pathlib import Path
 from drafter.compat import check_compat, drafter_facts, passed, target_facts
 from drafter.cost import break_even_accept_len, load_profile
 from drafter.errors import BadInput, InternalError
+from drafter.operating_report import depth_sentences, operating_metrics, served_vs_predicted
 from drafter.workload_report import (
     MeasuredClass,
     by_class,
@@ -114,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
         else profile.eval_max_new_tokens
     )
     limit, seed = integer(args.limit, "limit"), _num(args.seed, "seed", int)
-    base_profile, profile = profile, profile.with_draft_steps(k)
+    base_profile, deployment = profile, profile.with_draft_steps(k)
+    profile = deployment.binding()  # figures against the operating point with the highest break-even
     data_dir = none_if_empty(args.data)
     classes, scope = prompt_classes(args, base_profile, limit)
     if not data_dir and not classes:
@@ -187,6 +189,9 @@ def run(args: argparse.Namespace) -> int:
         metrics.update(figure_metrics(*by_class, profile))
         if run is None and len(classes) > 1:  # the decoding trace gives each class its acceptance by position
             metrics.update(class_positions(classes, online.accepted, k))
+        metrics.update(operating_metrics(deployment, metrics["accept_len"], measured.acc_pos, k))
+        if run is not None:
+            metrics.update(served_vs_predicted(deployment, k, run.accept_len, served_speedups(metrics)))
     name = f"{mv.name}/v{mv.version}" if mv is not None else Path(folder).name
     with step_run("evaluate", run_name=f"evaluate {name.split('/')[-1]} @ {profile.name}"):
         log_params(
@@ -284,7 +289,20 @@ def run(args: argparse.Namespace) -> int:
                 ),
             )  # fmt: skip
     print(summary(name, profile.name, metrics))
+    if measured is not None:
+        print(f"evaluate: {deployment.basis()}")
+        for line in depth_sentences(deployment, metrics["accept_len"], measured.acc_pos, k):
+            print(f"evaluate: recommended depth: {line}")
     return 0
+
+
+def served_speedups(m: dict[str, float]) -> dict[int, float]:
+    """Served decode speed-ups by concurrency (batch 1 is concurrency 1), prefill left out."""
+    out = {1: m["served_speedup"]} if "served_speedup" in m else {}
+    for key, value in m.items():
+        if key.startswith("served_decode_speedup_c"):
+            out[int(key.rsplit("_c", 1)[1])] = value
+    return out
 
 
 def link_version(mv, name: str, profile: str, metrics: dict[str, float]) -> str | None:
@@ -478,6 +496,7 @@ def evidence_record(
         dataset_digest=dataset_digest,
         sim_accept_len=sim_accept_len,
         aux_layers=getattr(measured, "aux", None) or None,
+        acc_pos=[float(a) for a in measured.acc_pos],
         endpoint=getattr(measured, "endpoint", ""),
         drafter_attested=getattr(measured, "attested", True),
     )

@@ -25,8 +25,8 @@ def parse_tps(text: str) -> list[float]:
         values = [float(x) for x in str(text).replace(" ", "").strip("[]").split(",") if x]
     except ValueError:
         raise BadInput(f"--tps must be comma-separated numbers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise BadInput(f"--tps must hold positive numbers, got {text!r}")
+    if not values or any(not (0 < v < float("inf")) for v in values):  # nan fails both comparisons
+        raise BadInput(f"--tps must hold positive finite numbers, got {text!r}")
     return values
 
 
@@ -58,6 +58,14 @@ def render(profile: Profile, tps: list[float]) -> str:
     for r in plan_table(profile, tps):
         kcol = f"{r.acc_k_steps:.0%}" if r.acc_k_steps is not None else f"unreachable with {k} steps"
         lines.append(f"| {r.target_tps:g} | {r.required_accept_len:.2f} | {r.acc_unbounded:.0%} | {kcol} |")
+    lines += ["", profile.basis()]
+    if profile.operating_points:
+        depths = sorted({d for op in profile.operating_points for d, _ in op.cycle_ms_measured} | {k})
+        lines += ["", "| concurrency (share) | plain tok/s | " + " | ".join(f"break-even k={d}" for d in depths) + " |",
+                  "|---" * (len(depths) + 2) + "|"]  # fmt: skip
+        for op in profile.operating_points:
+            cells = " | ".join(f"{op.break_even(d):.3f}" for d in depths)
+            lines.append(f"| {op.concurrency} ({op.share:.0%}) | {op.plain_tps:.1f} | {cells} |")
     return "\n".join(lines)
 
 
@@ -80,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         with step_run("plan"):
             log_params({"profile": profile.name, "draft_steps": profile.draft_steps, "tps": args.tps})
             mlflow.log_metric("break_even_accept_len", break_even_accept_len(profile))
+            for view in profile.serving_points() if profile.operating_points else []:
+                mlflow.log_metric(f"break_even_accept_len_c{view.concurrency}", break_even_accept_len(view))
             mlflow.log_table(table_frame(profile, tps), artifact_file="plan_table.json")
             mlflow.log_text(text + "\n", "plan.md")
     return 0

@@ -59,6 +59,11 @@ def run(args: argparse.Namespace) -> int:
             "|---|---|---|",
         ]
         lines += [f"| {r.rule} | {'ok' if r.ok else 'NO'} | {r.detail} |" for r in decision.reasons]
+        depth = recommended_depth(profile, candidate)
+        if depth:
+            lines.append(
+                f"\nserve at: {depth} (evaluated at k={profile.draft_steps}; another depth is another deployment)"
+            )
         if note:
             lines.append(f"\nnote: {note}")
         lines.append(f"\npromote: {decision.summary()}")
@@ -76,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
                     "promotion.version": str(mv.version),
                     "promotion.evidence_run": decision.evidence_run or "",
                     "promotion.profile_digest": profile.digest[:16],
+                    "promotion.recommended_depth": depth[:4000],
                 }
             )
             reasons = {r.rule: {"ok": r.ok, "detail": r.detail} for r in decision.reasons}
@@ -89,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
                 profile=profile.name,
                 profile_digest=profile.digest[:16],
                 evidence_run=decision.evidence_run or "",
+                recommended_depth=depth,
             )
             c.set_model_version_tag(
                 mv.name, mv.version, naming.TAG_PROMOTION, f"{decision.summary()} (profile {profile.name})"[:4000]
@@ -104,6 +111,15 @@ def run(args: argparse.Namespace) -> int:
                                  f"{profile.digest[:16]}, margin {margin:g}")  # fmt: skip
             describe.refresh_model_page(c, mv.name, f"v{mv.version} -> {args.stage}: {decision.summary()}")
     return 0 if decision.allowed else 1
+
+
+def recommended_depth(profile, ev) -> str:
+    """The depth to serve the version at on each operating point, from the deciding record's acceptance."""
+    from drafter.operating_report import depth_sentences
+
+    if ev.accept_len is None:
+        return ""
+    return "; ".join(depth_sentences(profile, ev.accept_len, list(ev.acc_pos) or None, profile.draft_steps))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,112 @@
+"""From timed cycles to a deployment profile: the operating points (plain speed, cycle cost per depth and
+its fit), the profile text `calibrate` writes, and the figure of served tok/s against accept_len."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from drafter.cycle_model import OperatingPoint, fit_cycle, primary
+
+
+def operating_points(
+    plain_tps: dict[int, float], cycle_ms: dict[int, dict[int, float]], shares: dict[int, float]
+) -> tuple[OperatingPoint, ...]:
+    """One point per concurrency: plain tok/s, the fit of its timed cycles (cycle_ms[k][c])."""
+    out = []
+    for c in sorted(plain_tps):
+        points = {k: round(by_c[c], 4) for k, by_c in sorted(cycle_ms.items())}
+        verify, step = fit_cycle(points)
+        out.append(OperatingPoint(c, shares[c], round(plain_tps[c], 3), verify, step, tuple(sorted(points.items()))))
+    return tuple(out)
+
+
+def profile_text(
+    name: str,
+    description: str,
+    ops: tuple[OperatingPoint, ...],
+    serve_k: int,
+    measured: dict[str, Any],
+    eval_fields: dict[str, Any],
+) -> str:
+    """The profile as YAML: the headline figures are the point that carries the most traffic."""
+    head = primary(ops)
+    body: dict[str, Any] = {
+        "name": name,
+        "description": description,
+        "baseline_tps": head.plain_tps,
+        "verify_ms": head.verify_ms,
+        "draft_step_ms": head.draft_step_ms,
+        "draft_steps": serve_k,
+        **eval_fields,
+        "operating_points": [
+            {
+                "concurrency": op.concurrency,
+                "share": op.share,
+                "plain_tps": op.plain_tps,
+                "verify_ms": op.verify_ms,
+                "draft_step_ms": op.draft_step_ms,
+                "cycle_ms_measured": dict(op.cycle_ms_measured),
+            }
+            for op in ops
+        ],
+        "measured": measured,
+    }
+    header = "# Written by `python -m steps.calibrate` (see measured.command); rerun it rather than edit.\n"
+    return header + yaml.safe_dump(body, sort_keys=False, width=110)
+
+
+def eval_fields_from(raw: dict[str, Any], source: Path, out: Path) -> dict[str, Any]:
+    """What evidence is measured on, copied from another profile, its prompt paths re-rooted at `out`."""
+    keep = ("min_prompts", "min_share", "class_floor", "eval_max_new_tokens", "eval_temperature")
+    fields = {k: raw[k] for k in keep if k in raw}
+
+    def rebase(path: str) -> str:
+        absolute = (source.parent / path).resolve()
+        return os.path.relpath(absolute, out.resolve().parent)
+
+    if "eval_prompts" in raw:
+        fields["eval_prompts"] = rebase(raw["eval_prompts"])
+        fields["eval_prompts_sha256"] = raw.get("eval_prompts_sha256")
+    if "workload" in raw:
+        fields["workload"] = [{**c, "prompts": rebase(c["prompts"])} for c in raw["workload"]]
+    return fields
+
+
+def figure(ops: tuple[OperatingPoint, ...], depths: list[int], observed: dict[tuple[int, int], tuple[float, float]]):
+    """Per-request tok/s the cost model gives against accept_len, a line per depth, a panel per
+    concurrency; plain decoding and each depth's break-even marked; the calibration drafter's own
+    (accept_len, served tok/s) as points on the lines they should fall on."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(ops), figsize=(5.2 * len(ops), 4.2), squeeze=False, sharey=True)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, op in zip(axes[0], ops, strict=True):
+        ax.axhline(op.plain_tps, color="black", lw=1.2, label=f"plain {op.plain_tps:.1f} tok/s")
+        for i, k in enumerate(depths):
+            colour = colours[i % len(colours)]
+            xs = [1 + k * j / 20 for j in range(21)]
+            ax.plot(xs, [x * 1000 / op.cycle_ms(k) for x in xs], color=colour, label=f"k={k}: {op.cycle_ms(k):.2f} ms")
+            be = op.break_even(k)
+            if be <= k + 1:
+                ax.axvline(be, color=colour, ls=":", lw=1)
+                ax.annotate(f"{be:.2f}", (be, op.plain_tps), textcoords="offset points", xytext=(3, -12),
+                            color=colour, fontsize=8)  # fmt: skip
+            if (k, op.concurrency) in observed:
+                a, tps = observed[(k, op.concurrency)]
+                ax.plot([a], [tps], "o", color=colour, ms=6)
+        ax.set_title(f"concurrency {op.concurrency} ({op.share:.0%} of traffic)")
+        ax.set_xlabel("accept_len (tokens per cycle)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    axes[0][0].set_ylabel("decode tok/s per request")
+    fig.suptitle("Served speed against accept_len: lines from timed cycles, dots the calibration drafter served; "
+                 "dotted: break-even", fontsize=9)  # fmt: skip
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,198 @@
+"""A deployment's measured cost model: per operating point (requests in flight), the plain decode speed
+and what one speculative cycle costs at each draft depth, fitted as `verify + k x draft_step`.
+
+Break-even is then a function of (k, concurrency): plain_tps(c) x cycle_ms(k, c) / 1000, with the
+measured cycle where depth k was timed and the fit elsewhere. For a drafter's acceptance by position,
+the depth that maximises projected tok/s at an operating point is the one to serve it at.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from drafter.errors import BadInput
+
+FIT_TOLERANCE = 0.01  # relative: a stated fit further than this from its own points contradicts them
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """One load the deployment serves at: `concurrency` requests in flight, `share` of its traffic."""
+
+    concurrency: int
+    share: float
+    plain_tps: float  # decode tok/s one request sees without speculation
+    verify_ms: float
+    draft_step_ms: float
+    cycle_ms_measured: tuple[tuple[int, float], ...] = ()  # (k, ms): the timed cycles the fit came from
+
+    def cycle_ms(self, k: int) -> float:
+        return dict(self.cycle_ms_measured).get(k, self.verify_ms + k * self.draft_step_ms)
+
+    def break_even(self, k: int) -> float:
+        return self.plain_tps * self.cycle_ms(k) / 1000.0
+
+    def residuals(self) -> dict[int, float]:
+        """Measured minus fitted cycle ms, per timed depth."""
+        return {k: ms - (self.verify_ms + k * self.draft_step_ms) for k, ms in self.cycle_ms_measured}
+
+    def identity(self) -> dict[str, object]:
+        return {
+            "concurrency": self.concurrency,
+            "share": self.share,
+            "plain_tps": self.plain_tps,
+            "verify_ms": self.verify_ms,
+            "draft_step_ms": self.draft_step_ms,
+            "cycle_ms_measured": [list(p) for p in self.cycle_ms_measured],
+        }
+
+    def label(self) -> str:
+        return f"concurrency {self.concurrency} ({self.share:.0%} of traffic)"
+
+
+def fit_cycle(points: dict[int, float]) -> tuple[float, float]:
+    """Least squares `cycle_ms = verify + k x draft_step` (one depth: the whole cycle is verify_ms)."""
+    if not points:
+        raise ValueError("no cycle timings to fit")
+    ks = sorted(points)
+    if len(ks) == 1:
+        return points[ks[0]], 0.0
+    n = len(ks)
+    mk = sum(ks) / n
+    my = sum(points[k] for k in ks) / n
+    sxx = sum((k - mk) ** 2 for k in ks)
+    step = sum((k - mk) * (points[k] - my) for k in ks) / sxx
+    step = max(step, 0.0)  # a draft step cannot cost negative time; noise can make the slope dip below 0
+    return my - step * mk, step
+
+
+def parse_operating_points(raw: object, path: Path) -> tuple[OperatingPoint, ...]:
+    """The profile's `operating_points` list, every field checked, and each fit against its own points."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not raw:
+        raise BadInput(f"{path}: operating_points must be a non-empty list")
+    out, seen = [], set()
+    for i, item in enumerate(raw):
+        where = f"{path}: operating_points[{i}]"
+        if not isinstance(item, dict):
+            raise BadInput(f"{where} must be a mapping")
+        unknown = sorted(set(item) - {"concurrency", "share", "plain_tps", "verify_ms", "draft_step_ms",
+                                      "cycle_ms_measured", "description"})  # fmt: skip
+        if unknown:
+            raise BadInput(f"{where}: unknown field(s) {', '.join(unknown)}")
+        c = _whole(item.get("concurrency"), f"{where}.concurrency")
+        if c in seen:
+            raise BadInput(f"{where}: concurrency {c} appears twice")
+        seen.add(c)
+        share = _finite(item.get("share", 1.0 if len(raw) == 1 else None), f"{where}.share")
+        plain = _finite(item.get("plain_tps"), f"{where}.plain_tps")
+        verify = _finite(item.get("verify_ms"), f"{where}.verify_ms")
+        step = _finite(item.get("draft_step_ms"), f"{where}.draft_step_ms")
+        if not 0 <= share <= 1 or plain <= 0 or verify <= 0 or step < 0:
+            raise BadInput(f"{where}: needs share in [0, 1], plain_tps > 0, verify_ms > 0, draft_step_ms >= 0")
+        points = _points(item.get("cycle_ms_measured", {}), f"{where}.cycle_ms_measured")
+        op = OperatingPoint(c, share, plain, verify, step, tuple(sorted(points.items())))
+        if points:
+            fv, fs = fit_cycle(points)
+            if not (_close(fv, verify) and _close(fs, step, absolute=1e-3)):
+                raise BadInput(
+                    f"{where}: verify_ms {verify:g} and draft_step_ms {step:g} are not the fit of its own "
+                    f"cycle_ms_measured (which gives {fv:.4f} and {fs:.4f}): the figures contradict the measurement"
+                )
+        out.append(op)
+    if abs(sum(op.share for op in out) - 1) > 1e-6:
+        raise BadInput(f"{path}: operating_points shares sum to {sum(op.share for op in out):g}, not 1")
+    return tuple(sorted(out, key=lambda op: op.concurrency))
+
+
+def primary(points: tuple[OperatingPoint, ...]) -> OperatingPoint:
+    """The point that carries the most traffic (the lowest concurrency on a tie): the profile's headline."""
+    return max(points, key=lambda op: (op.share, -op.concurrency))
+
+
+def _points(raw: object, where: str) -> dict[int, float]:
+    if not isinstance(raw, dict):
+        raise BadInput(f"{where} must map draft depth to cycle ms")
+    out = {}
+    for k, ms in raw.items():
+        depth = _whole(k, f"{where} depth")
+        value = _finite(ms, f"{where}[{k}]")
+        if value <= 0:
+            raise BadInput(f"{where}[{k}] must be > 0 ms")
+        out[depth] = value
+    return out
+
+
+def _whole(value: object, where: str) -> int:
+    try:
+        number = float(value) if isinstance(value, str) else value
+    except ValueError:
+        number = None
+    if isinstance(number, bool) or not isinstance(number, int | float) or not math.isfinite(number):
+        raise BadInput(f"{where} must be a whole number >= 1, got {value!r}")
+    if number != int(number) or not 1 <= number <= 4096:
+        raise BadInput(f"{where} must be a whole number in [1, 4096], got {value!r}")
+    return int(number)
+
+
+def _finite(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise BadInput(f"{where} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _close(a: float, b: float, absolute: float = 1e-6) -> bool:
+    return abs(a - b) <= max(absolute, FIT_TOLERANCE * abs(b))
+
+
+# ------------------------------------------------------------------------------------------ depth
+def accept_len_at_depth(acc_pos: list[float], k: int) -> float:
+    """E[tokens per cycle] at depth k from conditional acceptance by position; positions past the
+    measured ones continue at the last measured rate (an extrapolation, said where it is reported)."""
+    if not acc_pos:
+        raise ValueError("no acceptance by position")
+    total, reach = 1.0, 1.0
+    for i in range(k):
+        reach *= acc_pos[i] if i < len(acc_pos) else acc_pos[-1]
+        total += reach
+    return total
+
+
+@dataclass(frozen=True)
+class DepthChoice:
+    concurrency: int
+    k: int
+    projected_tps: float
+    plain_tps: float
+    extrapolated: bool  # the chosen depth is past the measured positions
+
+    @property
+    def speedup(self) -> float:
+        return self.projected_tps / self.plain_tps
+
+    @property
+    def beats_plain(self) -> bool:
+        return self.projected_tps > self.plain_tps
+
+    def sentence(self) -> str:
+        past = " (acceptance past the measured positions extrapolated)" if self.extrapolated else ""
+        if not self.beats_plain:
+            return (
+                f"at concurrency {self.concurrency} no depth beats plain decoding (best k={self.k}: "
+                f"{self.speedup:.2f}x){past}"
+            )
+        return f"at concurrency {self.concurrency} serve at k={self.k}: {self.speedup:.2f}x plain decoding{past}"
+
+
+def recommend_depth(acc_pos: list[float], op: OperatingPoint, depths: list[int]) -> DepthChoice:
+    """The depth that maximises projected tok/s at this operating point (the smaller k on a tie)."""
+    best = None
+    for k in sorted(depths):
+        tps = accept_len_at_depth(acc_pos, k) * 1000.0 / op.cycle_ms(k)
+        if best is None or tps > best[1] * (1 + 1e-9):
+            best = (k, tps)
+    k, tps = best
+    return DepthChoice(op.concurrency, k, tps, op.plain_tps, k > len(acc_pos))

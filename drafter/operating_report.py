@@ -1,0 +1,68 @@
+"""What a drafter's measured acceptance means at each operating point of a deployment: break-even and
+projected speed-up there, the draft depth to serve it at, and (with a serving engine's run) how far
+the speed-up the profile predicts is from the one the engine served."""
+
+from __future__ import annotations
+
+from drafter.cost import Profile, break_even_accept_len, fit_conditional_acceptance
+from drafter.cycle_model import DepthChoice, OperatingPoint, recommend_depth
+
+
+def positions_or_fit(acc_pos: list[float] | None, accept_len: float, k: int) -> list[float]:
+    """Measured conditional acceptance by position, or (none kept) the constant rate that gives accept_len."""
+    return list(acc_pos) if acc_pos else [fit_conditional_acceptance(accept_len, k)] * k
+
+
+def candidate_depths(profile: Profile, k: int) -> list[int]:
+    """Depths to choose among: those the calibration timed; a hand-written profile's cycle model at 1..k."""
+    timed = sorted({d for op in profile.operating_points for d, _ in op.cycle_ms_measured})
+    return timed or list(range(1, k + 1))
+
+
+def points_of(profile: Profile) -> list[OperatingPoint]:
+    """The operating points (a hand-written profile: its one figure, as a point at unknown concurrency 0)."""
+    if profile.operating_points:
+        return list(profile.operating_points)
+    return [OperatingPoint(0, 1.0, profile.baseline_tps, profile.verify_ms, profile.draft_step_ms)]
+
+
+def depth_choices(profile: Profile, acc_pos: list[float], k: int) -> list[DepthChoice]:
+    depths = candidate_depths(profile, k)
+    return [recommend_depth(acc_pos, op, depths) for op in points_of(profile)]
+
+
+def operating_metrics(profile: Profile, accept_len: float, acc_pos: list[float] | None, k: int) -> dict[str, float]:
+    """Per operating point: break-even at depth k, the projected speed-up, and the recommended depth."""
+    out: dict[str, float] = {}
+    positions = positions_or_fit(acc_pos, accept_len, k)
+    for view in profile.serving_points() if profile.operating_points else []:
+        c = view.concurrency
+        out[f"break_even_accept_len_c{c}"] = break_even_accept_len(view)
+        out[f"projected_speedup_c{c}"] = accept_len / break_even_accept_len(view)
+    for choice in depth_choices(profile, positions, k):
+        suffix = f"_c{choice.concurrency}" if profile.operating_points else ""
+        out[f"recommended_draft_steps{suffix}"] = choice.k
+        out[f"recommended_speedup{suffix}"] = choice.speedup
+    return out
+
+
+def served_vs_predicted(profile: Profile, k: int, engine_accept_len: float, served: dict[int, float]) -> dict:
+    """For each concurrency the engine served at and the profile has a point for: the speed-up the
+    profile predicts from the engine's accept_len, and the served one's relative error against it."""
+    out = {}
+    for op in profile.operating_points:
+        if op.concurrency not in served:
+            continue
+        predicted = engine_accept_len * 1000.0 / op.cycle_ms(k) / op.plain_tps
+        out[f"predicted_served_speedup_c{op.concurrency}"] = predicted
+        out[f"served_vs_predicted_c{op.concurrency}"] = served[op.concurrency] / predicted - 1
+    return out
+
+
+def depth_sentences(profile: Profile, accept_len: float, acc_pos: list[float] | None, k: int) -> list[str]:
+    positions = positions_or_fit(acc_pos, accept_len, k)
+    lines = []
+    for choice in depth_choices(profile, positions, k):
+        text = choice.sentence()
+        lines.append(text if profile.operating_points else text.replace("at concurrency 0 ", "on this profile "))
+    return lines

