@@ -33,6 +33,11 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--max_steps", default="150")
     p.add_argument("--limit", default="0", help="prompts decoded per traffic class (0: all; fewer is not evidence)")
     p.add_argument("--max_new_tokens", default="auto", help="auto: the profile's (another is not evidence)")
+    p.add_argument(
+        "--calibrate", default="auto", choices=["auto", "yes", "no"],
+        help="measure this machine's vLLM deployment (host-vllm) with calibrate; auto: when the engine's "
+        "environment exists (it is never installed unasked)",
+    )  # fmt: skip
     return p
 
 
@@ -137,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
     import mlflow
     import pandas as pd
 
+    from drafter.cost import load_profile
     from registry import naming, store
 
     target = str(MINIWORLD / "k2.5-mini")
@@ -217,8 +223,9 @@ def run(args: argparse.Namespace) -> int:
             "promote", {"model": f"models:/{name}/{candidate}", "profile": args.profile}, ok_codes=(0, 1)
         )
         decision = c.get_run(pr_run).data.tags.get("promotion", "")
+        served = calibrated_lines(p, work, args.calibrate, results, load_profile(args.profile).draft_steps)
         seconds = time.perf_counter() - t_start
-        text = summary(name, results, args.profile, decision, seconds)
+        text = summary(name, results, args.profile, decision, seconds, served)
         mlflow.log_text(text + "\n", "summary.md")
         mlflow.set_tag("mlflow.note.content", text)  # the run's description in the UI is its summary
         mlflow.log_figure(comparison_figure(results, args.profile), "drafters_vs_break_even.png")
@@ -241,6 +248,44 @@ def run(args: argparse.Namespace) -> int:
         f"Models -> {name})"
     )
     return 0
+
+
+def engine_ready(wanted: str) -> bool:
+    """Whether to calibrate: `auto` only where the engine's environment already exists."""
+    if wanted == "no":
+        return False
+    from engines import environment
+
+    try:
+        environment.find_python("vllm")
+        return True
+    except BadInput:
+        if wanted == "yes":
+            raise
+        print(f"main: no vLLM environment, calibrate skipped (`{environment.setup_command()}` creates one)")
+        return False
+
+
+def calibrated_lines(p: Pipeline, work: Path, wanted: str, results, k: int) -> list[str]:
+    """Calibrate this machine's vLLM deployment and say what it predicts for each drafter's accept_len."""
+    if not engine_ready(wanted):
+        return []
+    from drafter.cost import load_profile
+
+    out = work / "profiles" / "host-vllm.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    p.step("calibrate", {"out": str(out), "overwrite": "yes"})
+    profile = load_profile(str(out))
+    lines = ["", f"On this machine's vLLM ({profile.basis()}), at k={k}:", "",
+             "| drafter | " + " | ".join(f"break-even c{op.concurrency} / predicted speed-up" for op in
+                                         profile.operating_points) + " |",
+             "|---" * (len(profile.operating_points) + 1) + "|"]  # fmt: skip
+    for label, (version, m) in results.items():
+        cells = [
+            f"{op.break_even(k):.3f} / {m['accept_len'] / op.break_even(k):.2f}x" for op in profile.operating_points
+        ]
+        lines.append(f"| {label} v{version} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def comparison_figure(results: dict[str, tuple[str, dict[str, float]]], profile: str):
@@ -275,7 +320,12 @@ def version_from_run(c: Any, name: str, run_id: str) -> str:
 
 
 def summary(
-    name: str, results: dict[str, tuple[str, dict[str, float]]], profile: str, decision: str, seconds: float
+    name: str,
+    results: dict[str, tuple[str, dict[str, float]]],
+    profile: str,
+    decision: str,
+    seconds: float,
+    served: list[str] | None = None,
 ) -> str:
     be_all = next(iter(results.values()))[1].get("break_even_accept_len", float("nan"))
     winners = [f"{label} v{v}" for label, (v, m) in results.items() if m.get("accept_len_ci_low", 0) > be_all]
@@ -305,6 +355,7 @@ def summary(
             f"{m.get('projected_tps', 0):.1f} | {be:.2f} | {verdict} |"
         )
     lines += class_lines(results)
+    lines += served or []
     lines += ["", f"promotion: {decision}", f"wall time: {seconds / 60:.1f} min"]
     return "\n".join(lines)
 

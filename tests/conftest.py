@@ -223,7 +223,7 @@ def mlflow_server(folder: Path, backend_uri: str, *extra: str):
         server.wait(timeout=30)
 
 
-MAIN_PARAMS = {"n_trials": "2", "max_steps": "60", "limit": "6", "max_new_tokens": "32"}
+MAIN_PARAMS = {"n_trials": "2", "max_steps": "60", "limit": "6", "max_new_tokens": "32", "calibrate": "no"}
 
 
 def main_command(tmp: Path) -> tuple[list[str], dict[str, str]]:
