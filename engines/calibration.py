@@ -103,25 +103,6 @@ def server_depth(url: str) -> int | None:
     return max(positions) + 1 if positions else None
 
 
-def check_endpoint(url: str, spec: bool) -> None:
-    """An OpenAI-compatible server (it lists its models) that, if `spec`, reports speculative counters."""
-    try:
-        with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as r:
-            models = json.loads(r.read())
-        if not isinstance(models, dict) or not isinstance(models.get("data"), list):
-            raise ValueError("no model list")
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise BadInput(f"{url}: not an OpenAI-compatible server ({exc.__class__.__name__}: {exc})"[:200]) from None
-    if spec:
-        try:
-            with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
-                text = r.read().decode(errors="replace")
-        except (urllib.error.URLError, OSError) as exc:
-            raise BadInput(f"{url}: reports no metrics ({exc.__class__.__name__})") from None
-        if vllm.COUNTERS[0] not in text:
-            raise BadInput(f"{url}: reports no speculative counters ({vllm.COUNTERS[0]}): is a drafter loaded?")
-
-
 @dataclass
 class Served:
     """How to start the engine's servers: interpreter, version, the target and drafter as handed."""

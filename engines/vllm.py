@@ -17,13 +17,14 @@ import json
 import os
 import re
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from drafter.errors import InternalError
+from drafter.errors import BadInput, InternalError
 from engines.measurement import EngineRun, Launch
 from engines.server import on_loopback
 
@@ -157,6 +158,25 @@ def _settled_counters(base_url: str, before: dict[str, float], expect_change: bo
             time.sleep(0.1)
             last = read_counters(base_url)
     return last
+
+
+def check_endpoint(url: str, spec: bool) -> None:
+    """An OpenAI-compatible server (it lists its models) that, if `spec`, reports speculative counters."""
+    try:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as r:
+            models = json.loads(r.read())
+        if not isinstance(models, dict) or not isinstance(models.get("data"), list):
+            raise ValueError("no model list")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise BadInput(f"{url}: not an OpenAI-compatible server ({exc.__class__.__name__}: {exc})"[:200]) from None
+    if spec:
+        try:
+            with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+                text = r.read().decode(errors="replace")
+        except (urllib.error.URLError, OSError) as exc:
+            raise BadInput(f"{url}: reports no metrics ({exc.__class__.__name__})") from None
+        if COUNTERS[0] not in text:
+            raise BadInput(f"{url}: reports no speculative counters ({COUNTERS[0]}): is a drafter loaded?")
 
 
 # ------------------------------------------------------------------------------------------- measure

@@ -133,8 +133,18 @@ def settings(args, max_new: int):
                     max_model_len=args._context)  # fmt: skip
 
 
-def say(args):
-    return (lambda m: print(f"calibrate: {m}", flush=True)) if args.progress else None
+def progress_bar(args, steps: int):
+    """A bar over server starts and timings; each step's name is its description."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=steps, desc="calibrate", unit="step", disable=not args.progress)
+
+    def step(message: str) -> None:
+        if bar.n or bar.desc != "calibrate":
+            bar.update()
+        bar.set_description(message)
+
+    return bar, step
 
 
 def time_launched(args, prompts, loads, max_new):
@@ -160,7 +170,12 @@ def time_launched(args, prompts, loads, max_new):
     exported = export_drafter(folder, workdir / "drafter-vllm", "vllm")
     served = calibration.Served(python, version, engine_view(Path(args.target), views_dir()), exported, workdir)
     s = settings(args, max_new)
-    plain, spec, logs = calibration.measure_launched(served, prompts, s, depths, loads, say(args))
+    bar, step = progress_bar(args, (1 + len(depths)) * (1 + len(loads)))
+    try:
+        plain, spec, logs = calibration.measure_launched(served, prompts, s, depths, loads, step)
+        bar.update()
+    finally:
+        bar.close()
     from drafter.fingerprint import target_digest
 
     measured = {
@@ -183,22 +198,27 @@ def time_launched(args, prompts, loads, max_new):
 
 def time_endpoints(args, endpoints, plain_url, prompts, loads, max_new):
     """Servers the user runs: each speculative one's depth read from its counters (or --draft_steps)."""
-    from engines import calibration
+    from engines import calibration, vllm
 
-    calibration.check_endpoint(plain_url, spec=False)
+    vllm.check_endpoint(plain_url, spec=False)
     given = int_list(args.draft_steps, "draft_steps") if none_if_empty(args.draft_steps) else []
     if given and len(given) != len(endpoints):
         given = []
     depths = {}
     for i, url in enumerate(endpoints):
-        calibration.check_endpoint(url, spec=True)
+        vllm.check_endpoint(url, spec=True)
         k = calibration.server_depth(url) or (given[i] if given else None)
         if k is None:
             raise BadInput(f"{url}: its depth cannot be read from its counters; give --draft_steps, one per endpoint")
         if k in depths:
             raise BadInput(f"{url} and {depths[k]} both serve depth {k}")
         depths[k] = url
-    plain, spec = calibration.measure_endpoints(depths, plain_url, prompts, settings(args, max_new), loads, say(args))
+    bar, step = progress_bar(args, (1 + len(depths)) * len(loads))
+    try:
+        plain, spec = calibration.measure_endpoints(depths, plain_url, prompts, settings(args, max_new), loads, step)
+        bar.update()
+    finally:
+        bar.close()
     measured = {
         "engine": "vllm (endpoint)",
         "endpoints": {str(k): u for k, u in depths.items()},

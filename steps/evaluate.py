@@ -135,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
     reference = args.reference == "in-process" or engine == "in-process"
     if not records and engine != "in-process":
         raise BadInput(f"--engine {engine} measures on prompts: give --prompts")
+    if engine != "in-process":
+        check_engine_reachable(engine, endpoint, none_if_empty(args.engine_python))
     target = load_target(args.target) if reference or data_dir else None
     drafter = (
         load_drafter(folder, embedding=target.embedding_weight.detach().float()).eval() if target is not None else None
@@ -321,6 +323,17 @@ def link_version(mv, name: str, profile: str, metrics: dict[str, float]) -> str 
         )
     mlflow.set_tag("mlflow.note.content", line + ".")
     return model_id
+
+
+def check_engine_reachable(engine: str, endpoint: str | None, python: str | None) -> None:
+    """Before any decoding (the in-process reference takes minutes): a user's endpoint must be a speculative
+    vLLM server, and a launched engine needs its interpreter with the engine installed."""
+    from engines import environment, vllm
+
+    if endpoint:
+        vllm.check_endpoint(endpoint.rstrip("/"), spec=engine == "vllm")
+    else:
+        environment.engine_version(environment.find_python(engine, python), engine)
 
 
 def serve_and_measure(args, engine, endpoint, folder, records, k, max_new, temperature, seed, online):

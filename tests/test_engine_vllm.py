@@ -97,3 +97,49 @@ def test_untranslated_aux_ids_are_caught_and_no_server_outlives_the_failure(stor
     assert "per-prompt cycles identical on" in line, line
     assert "Traceback" not in done.stderr
     assert not vllm_processes()
+
+
+def test_calibrate_times_real_cycles_and_the_gate_decides_at_each_operating_point(store, vllm_python, tmp_path):
+    """A small calibration on the real engine (2 depths, 2 loads, 4 prompts): the profile it writes loads,
+    its cycles cost more than a plain step, and a promotion under it names both operating points."""
+    from mlflow import MlflowClient
+
+    from drafter.cost import load_profile
+
+    tmp, env = store
+    out = tmp_path / "host-vllm-small.yaml"
+    cmd = [
+        sys.executable, "-m", "steps.calibrate", "--draft_steps", "1,2", "--concurrency", "1,2", "--limit", "4",
+        "--max_new_tokens", "24", "--engine_python", str(vllm_python), "--out", str(out), "--no-progress",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not vllm_processes(), "every server was stopped"
+    profile = load_profile(str(out))
+    assert profile.calibrated and profile.measured["engine"].startswith("vllm")
+    assert [op.concurrency for op in profile.operating_points] == [1, 2]
+    for op in profile.operating_points:
+        assert [k for k, _ in op.cycle_ms_measured] == [1, 2]
+        for k in (1, 2):  # a cycle verifies k + 1 tokens and drafts k: dearer than one plain step
+            assert op.cycle_ms(k) > 1000 / op.plain_tps and op.break_even(k) > 1.0
+    c = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    run = c.search_runs(
+        [e.experiment_id for e in c.search_experiments()], "tags.profile = 'host-vllm-small'", max_results=1
+    )[0]
+    assert {"break_even_k2_c1", "cycle_ms_k1_c2", "plain_tps_c2"} <= set(run.data.metrics)
+    names = {a.path for a in c.list_artifacts(run.info.run_id)}
+    assert {"calibration.json", "served_tps_vs_accept_len.png", "profile"} <= names
+
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "steps.evaluate", "--model", "models:/k2.5-mini-eagle3/2", "--profile", str(out),
+         "--draft_steps", "auto", "--no-progress"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert "break-even measured by calibrate" in evaluated.stdout and "recommended depth" in evaluated.stdout
+    decided = subprocess.run(
+        [sys.executable, "-m", "steps.promote", "--model", "models:/k2.5-mini-eagle3/2", "--profile", str(out),
+         "--stage", "staging"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert decided.returncode in (0, 1), decided.stderr[-2000:]
+    assert "beats break-even at concurrency 1" in decided.stdout and "at concurrency 2" in decided.stdout
+    assert "break-even measured by calibrate" in decided.stdout and "serve at" in decided.stdout

@@ -1,0 +1,96 @@
+"""Does the calibrated profile predict what the engine serves? For every `evaluate --engine vllm` run in a
+store made under a calibrated profile: the speed-up the profile predicts from the engine's accept_len at
+each operating point, against the served decode speed-up measured at that load (batch 1, and the run's
+`--concurrency`), with the hand-written `host` profile's prediction beside it. Writes
+bench/results/served_vs_predicted.{md,json}.
+
+    python -m bench.served_vs_predicted --store sqlite:///mlflow.db [--profile PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from drafter.cost import break_even_accept_len, load_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "results"
+
+
+def rows(store: str, profile_path: str | None) -> list[dict]:
+    from mlflow import MlflowClient
+
+    c = MlflowClient(store)
+    runs = c.search_runs(
+        [e.experiment_id for e in c.search_experiments()],
+        "tags.engine = 'vllm'",
+        order_by=["attributes.start_time ASC"],
+    )
+    host = load_profile("host")
+    out = []
+    for run in runs:
+        m, params = run.data.metrics, run.data.params
+        path = profile_path or params.get("profile", "")
+        if not any(key.startswith("predicted_served_speedup_c") for key in m):
+            continue
+        k = int(params.get("resolved.draft_steps", params.get("draft_steps", host.draft_steps)))
+        host_k = host.with_draft_steps(k)
+        row = {
+            "run": run.info.run_id,
+            "model": params.get("model", ""),
+            "profile": path,
+            "k": k,
+            "engine_accept_len": m["engine_accept_len"],
+            "host_predicted_speedup": m["engine_accept_len"] / break_even_accept_len(host_k),
+        }
+        for key, value in m.items():
+            if key.startswith("predicted_served_speedup_c"):
+                c_ = key.rsplit("_c", 1)[1]
+                served = m["served_speedup"] if c_ == "1" else m.get(f"served_decode_speedup_c{c_}")
+                row[f"c{c_}"] = {"predicted": value, "served": served, "error": served / value - 1 if served else None}
+        out.append(row)
+    return out
+
+
+def markdown(table: list[dict]) -> str:
+    loads = sorted(
+        {key for r in table for key in r if key.startswith("c") and key[1:].isdigit()}, key=lambda x: int(x[1:])
+    )
+    head = "| drafter | k | engine accept_len | " + " | ".join(
+        f"{c.replace('c', 'concurrency ')}: served / predicted (error)" for c in loads
+    )
+    lines = [head + " | host.yaml predicts |", "|---" * (len(loads) + 4) + "|"]
+    for r in table:
+        cells = []
+        for c in loads:
+            x = r.get(c)
+            cells.append(
+                f"{x['served']:.2f}x / {x['predicted']:.2f}x ({100 * x['error']:+.1f}%)" if x and x["served"] else "-"
+            )
+        lines.append(f"| {r['model']} | {r['k']} | {r['engine_accept_len']:.3f} | " + " | ".join(cells)
+                     + f" | {r['host_predicted_speedup']:.2f}x |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--store", default="sqlite:///mlflow.db")
+    p.add_argument("--profile", default=None)
+    args = p.parse_args()
+    table = rows(args.store, args.profile)
+    if not table:
+        raise SystemExit("no evaluate --engine vllm run under a calibrated profile in this store")
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "served_vs_predicted.json").write_text(json.dumps(table, indent=1) + "\n")
+    text = markdown(table)
+    (OUT / "served_vs_predicted.md").write_text(
+        "# Served speed-up against the calibrated profile's prediction\n\n`python -m bench.served_vs_predicted "
+        f"--store {args.store}`\n\n{text}"
+    )
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
