@@ -92,6 +92,26 @@ def test_unknown_stage_and_bad_arguments_are_one_line(tmp_path):
     one_line_exit_2(run_step("plan", ["--nope", "1"], tmp_path), "unrecognized arguments")
 
 
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--engine_python", "/nonexistent"], "--engine_python: /nonexistent is not an executable Python"),
+        (["--endpoint", "http://127.0.0.1:{port}"], "not an OpenAI-compatible server"),
+    ],
+)
+def test_an_unreachable_engine_is_bad_input_before_any_decoding(tmp_path, extra, needle):
+    """Refused at once (no reference decode first), one line, and no run written."""
+    from tests.conftest import free_port
+
+    extra = [x.format(port=free_port()) for x in extra]
+    args = ["--model", str(ROOT / "miniworld" / "aq-mini-eagle3"), "--engine", "vllm", "--class", "code", *extra]
+    res = run_step("evaluate", args, tmp_path)
+    one_line_exit_2(res, needle)
+    assert not (tmp_path / "mlflow.db").exists() or not mlflow.MlflowClient(
+        f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ).search_runs(["0"])
+
+
 def _rewrite_offsets(path: Path, change) -> None:
     raw = path.read_bytes()
     n = int.from_bytes(raw[:8], "little")
