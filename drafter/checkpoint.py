@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -337,20 +338,7 @@ def export_drafter(
     problems = header_problems(header, cfg)
     if problems:
         raise BadInput(f"{src}: checkpoint does not match its config: " + "; ".join(problems))
-    out.mkdir(parents=True, exist_ok=True)
-    files = sorted({info.file for info in header.values()})
-    weight_map = {}
-    for fname in files:
-        with safe_open(str(src / fname), framework="pt") as fh:
-            shard = {k: fh.get_tensor(k) for k in fh.keys() if k != EMBED}  # noqa: SIM118
-        if shard:
-            save_file(shard, str(out / fname), metadata={"format": "pt"})
-            weight_map.update({k: fname for k in shard})
-    if (src / INDEX_FILE).is_file():
-        total = sum(header[k].nbytes for k in weight_map)
-        (out / INDEX_FILE).write_text(
-            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n"
-        )
+    copy_tensors(src, out, lambda name: None if name == EMBED else name, header)
     config = cfg.to_dict()
     handed = aux_layers.handed_ids(list(cfg.aux_layer_ids), engine) if handed_ids is None else list(handed_ids)
     config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = handed
@@ -358,6 +346,34 @@ def export_drafter(
         config[aux_layers.CONVENTION_KEY] = engine
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
+
+
+def copy_tensors(
+    src: Path, out: Path, rename: Callable[[str], str | None], header: dict[str, TensorInfo] | None = None
+) -> dict[str, str]:
+    """Every tensor of `src` under `rename(name)` (None: left out), shard by shard (memory stays at one
+    shard), the same bytes; the index rewritten when `src` is sharded. Returns {new name: file}."""
+    src, out = Path(src), Path(out)
+    header = read_header(src) if header is None else header
+    out.mkdir(parents=True, exist_ok=True)
+    weight_map: dict[str, str] = {}
+    sizes: dict[str, int] = {}
+    for fname in sorted({info.file for info in header.values()}):
+        with safe_open(str(src / fname), framework="pt") as fh:
+            shard = {}
+            for name in fh.keys():  # noqa: SIM118
+                new = rename(name)
+                if new is not None:
+                    shard[new] = fh.get_tensor(name)
+                    sizes[new] = header[name].nbytes
+        if shard:
+            save_file(shard, str(out / fname), metadata={"format": "pt"})
+            weight_map.update({k: fname for k in shard})
+    if (src / INDEX_FILE).is_file():
+        (out / INDEX_FILE).write_text(
+            json.dumps({"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}, indent=2) + "\n"
+        )
+    return weight_map
 
 
 def read_hub_header(repo_id: str, revision: str | None = None) -> dict[str, TensorInfo]:

@@ -31,6 +31,11 @@ def engines_home() -> Path:
     return Path(os.environ.get("DRAFTEROPS_ENGINES", Path.home() / ".cache" / "drafterops" / "engines"))
 
 
+def views_dir() -> Path:
+    """Where targets are kept as vLLM loads them (engines/target_view)."""
+    return engines_home() / "views"
+
+
 def has_cuda() -> bool:
     return shutil.which("nvidia-smi") is not None
 

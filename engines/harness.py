@@ -16,17 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from drafter import aux_layers
-from drafter.checkpoint import export_drafter, load_config
-from drafter.errors import InternalError
-from engines import environment, sglang, vllm
+from drafter.checkpoint import load_config
+from drafter.errors import BadInput, InternalError
+from engines import environment, export, sglang, vllm
 from engines.measurement import EngineRun, Launch, first_difference
-from engines.target_view import engine_view
 
 ENGINES = ("vllm", "sglang")
-
-
-def views_dir() -> Path:
-    return environment.engines_home() / "views"
 
 
 def run_engine(
@@ -41,11 +36,14 @@ def run_engine(
     workdir: Path | None = None,
     progress: bool = True,
     check: Callable[[EngineRun], None] | None = None,
+    fmt: str = "plain",
 ) -> EngineRun:
     """Serve `target` with the drafter in `folder` on `engine` (or measure a user's `endpoint`);
     `check` is called on the speculative half as soon as it is measured."""
     cfg = load_config(folder)
     aux = aux_layers.mapping(list(cfg.aux_layer_ids), engine, handed_ids)
+    if fmt not in ("plain", "speculators") or (fmt == "speculators" and engine != "vllm"):
+        raise BadInput(f"--format {fmt} is not one {engine} serves (plain; speculators on vllm)")
     if endpoint:
         run = vllm.measure_endpoint(endpoint, f"{engine} (endpoint)", prompts, settings, progress)
         run.engine, run.aux = engine, aux
@@ -55,9 +53,9 @@ def run_engine(
     py = environment.find_python(engine, python)
     version = environment.engine_version(py, engine)
     workdir = Path(workdir or tempfile.mkdtemp(prefix=f"drafterops-{engine}-"))
-    exported = export_drafter(folder, workdir / f"drafter-{engine}", engine, aux["handed_ids"])
-    served_target = engine_view(target, views_dir()) if engine == "vllm" else Path(target)
-    launch = Launch(py, version, served_target, exported, workdir, aux)
+    kind = "speculators" if fmt == "speculators" else engine
+    exported = export.write(Path(folder), workdir / f"drafter-{kind}", kind, settings.k, target, handed_ids)
+    launch = Launch(py, version, Path(exported.target), exported.folder, workdir, exported.aux, fmt == "speculators")
     return (vllm if engine == "vllm" else sglang).measure(launch, prompts, settings, progress, check)
 
 

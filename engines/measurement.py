@@ -21,6 +21,7 @@ class Launch:
     drafter: Path
     workdir: Path
     aux: dict
+    speculators: bool = False  # the drafter folder is in the speculators format (`vllm serve <folder>`)
 
 
 @dataclass

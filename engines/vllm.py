@@ -233,7 +233,11 @@ def measure(
         logs.append(str(log))
         server = on_loopback(
             f"vLLM ({engine_version}, {name})",
-            lambda port, draft=draft: server_command(launch.python, launch.target, port, s, draft),
+            lambda port, draft=draft: (
+                server_command(launch.python, draft, port, s, None)  # the folder names its verifier
+                if draft is not None and launch.speculators
+                else server_command(launch.python, launch.target, port, s, draft)
+            ),
             env,
             log,
             s.start_timeout_s,

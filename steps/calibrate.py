@@ -151,11 +151,9 @@ def time_launched(args, prompts, loads, max_new):
     """One plain server and one speculative server per depth, launched here."""
     import tempfile
 
-    from drafter.checkpoint import export_drafter, load_config
+    from drafter.checkpoint import load_config
     from drafter.compat import check_compat, drafter_facts, passed, target_facts
-    from engines import calibration, environment
-    from engines.harness import views_dir
-    from engines.target_view import engine_view
+    from engines import calibration, environment, export
     from steps.evaluate import resolve
 
     depths = int_list(args.draft_steps, "draft_steps")
@@ -167,8 +165,8 @@ def time_launched(args, prompts, loads, max_new):
     python = environment.find_python("vllm", none_if_empty(args.engine_python))
     version = environment.engine_version(python)
     workdir = Path(tempfile.mkdtemp(prefix="drafterops-calibrate-"))
-    exported = export_drafter(folder, workdir / "drafter-vllm", "vllm")
-    served = calibration.Served(python, version, engine_view(Path(args.target), views_dir()), exported, workdir)
+    exported = export.write(Path(folder), workdir / "drafter-vllm", "vllm", depths[-1], args.target)
+    served = calibration.Served(python, version, Path(exported.target), exported.folder, workdir)
     s = settings(args, max_new)
     bar, step = progress_bar(args, (1 + len(depths)) * (1 + len(loads)))
     try:

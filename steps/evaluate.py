@@ -72,6 +72,10 @@ def build() -> argparse.ArgumentParser:
         default="auto",
         help="aux layer ids handed to the engine as they are (auto: the drafter's, translated to the engine's reading)",
     )
+    p.add_argument(
+        "--format", dest="drafter_format", default="plain", choices=["plain", "speculators"],
+        help="the folder handed to the engine: the plain EAGLE-3 layout, or vLLM's speculators format",
+    )  # fmt: skip
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 
@@ -213,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
                 "reference": args.reference,
                 "concurrency": args.concurrency,
                 "handed_aux_ids": args.handed_aux_ids,
+                "format": args.drafter_format,
                 "agreement_tolerance": args.agreement_tolerance,
                 "agreement_prompts": args.agreement_prompts,
             }
@@ -372,6 +377,7 @@ def serve_and_measure(args, engine, endpoint, folder, records, k, max_new, tempe
         reference=(online.outputs, online.per_prompt) if online is not None else None,
         tolerance=tolerance, min_prompts=_num(args.agreement_prompts, "agreement_prompts"),
         python=none_if_empty(args.engine_python), endpoint=endpoint, handed_ids=handed, progress=args.progress,
+        fmt=args.drafter_format,
     )  # fmt: skip
 
 

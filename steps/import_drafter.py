@@ -9,6 +9,7 @@ from pathlib import Path
 
 from drafter.checkpoint import header_problems, load_config, read_header
 from drafter.errors import BadInput
+from drafter.speculators_format import is_speculators, verifier_of
 from registry import naming
 from registry.resolve import HUB_DRAFTER_FILES, parse_hub_ref
 from steps._cli import log_params, none_if_empty, parser, run_step, step_run
@@ -88,6 +89,19 @@ def convert_pickle(folder: Path, out: Path) -> Path:
     return out
 
 
+def from_speculators_with_card(folder: Path, out: Path) -> Path:
+    """A speculators folder in the project's layout, its card and licence kept for the provenance."""
+    import shutil
+
+    from drafter.speculators_format import from_speculators
+
+    from_speculators(folder, out)
+    for name in ("README.md", "LICENSE"):
+        if (folder / name).is_file():
+            shutil.copyfile(folder / name, out / name)
+    return out
+
+
 def model_card(folder: Path) -> dict[str, str]:
     """Licence, base model and training-sample count, when the card or a LICENSE file says so."""
     info: dict[str, str] = {}
@@ -144,6 +158,10 @@ def run(args: argparse.Namespace) -> int:
                     "with torch.load(weights_only=True)"
                 )
             folder = convert_pickle(folder, Path(tmp) / "converted")
+        converted = {}
+        if is_speculators(folder):  # vLLM's format: the project's layout, the same tensors
+            converted = {"converted_from": "speculators", "speculators.verifier": verifier_of(folder)}
+            folder = from_speculators_with_card(folder, Path(tmp) / "from-speculators")
         cfg = load_config(folder)
         header = read_header(folder)  # header checks only: no weights enter memory
         problems = header_problems(header, cfg)
@@ -153,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         sha = store.weights_sha256(hashes)
         card = model_card(folder)
         trained_for = naming.target_slug(none_if_empty(args.trained_for) or card.get("base_model", "unknown"))
-        target = str(args.target)
+        target = str(Path(args.target).resolve()) if Path(args.target).exists() else str(args.target)
         name = none_if_empty(args.name) or naming.model_name_for(target)
         c = store.client()
         with store.registry_lock():  # a concurrent import of the same weights sees this one
@@ -173,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
                 naming.TAG_SHA256: sha,
                 naming.TAG_TRAINED_FOR: trained_for,
                 **{f"card.{k}": v for k, v in card.items()},
+                **converted,
             }
             with step_run("import_drafter", run_name=f"import {Path(str(args.source)).name} -> {name}"):
                 log_params(

@@ -1,0 +1,157 @@
+"""The speculators format (vllm-project/speculators; vLLM serves it with `vllm serve <folder>`), to and from
+the project's layout (SpecForge's / SGLang's `LlamaForCausalLMEagle3`).
+
+What vLLM 0.32 reads from a speculators config (`transformers_utils/configs/speculators/algos.py`): the
+decoder's settings from `transformer_layer_config`; `draft_vocab_size`, `target_hidden_size`;
+`norm_before_residual` with a default of True when the key is missing, `norm_before_fc`, `fc_norm`,
+`norm_output` with a default of False; `eagle_aux_hidden_state_layer_ids` only when present (else the
+model's default layers), read as vLLM reads every aux id (the input of layer i: drafter/aux_layers).
+The project's drafter is the plain EAGLE-3 layout: every norm flag false, written out explicitly, since
+a folder without `norm_before_residual` is served as another network, silently.
+
+Tensors: the same bytes; the decoder layer is `layers.0.` here and `midlayer.` in the project.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from drafter import aux_layers
+from drafter.checkpoint import EMBED, copy_tensors, header_problems, load_config, read_header
+from drafter.config import ARCHITECTURE, DrafterConfig, read_json
+from drafter.errors import BadInput
+
+MODEL_TYPE = "eagle3"
+NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")  # all false in the project
+PROJECT_LAYER, SPECULATORS_LAYER = "midlayer.", "layers.0."
+TOP_LEVEL = ("architectures", "eagle_config", "draft_vocab_size", "target_hidden_size", aux_layers.CONVENTION_KEY)
+
+
+def is_speculators(folder: str | Path) -> bool:
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        return False
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(raw, dict) and "speculators_config" in raw and "transformer_layer_config" in raw
+
+
+def speculators_config(cfg: DrafterConfig, verifier: str, verifier_architectures: list[str], k: int) -> dict:
+    """The config vLLM builds the project's drafter from, with `verifier` as its target and k proposals."""
+    project = cfg.to_dict()
+    eagle = dict(project.get("eagle_config") or {})
+    eagle.pop("eagle_aux_hidden_state_layer_ids", None)
+    out: dict[str, Any] = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": MODEL_TYPE,
+        "transformer_layer_config": {key: v for key, v in project.items() if key not in TOP_LEVEL},
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden,
+        **dict.fromkeys(NORM_FLAGS, False),
+        "eagle_aux_hidden_state_layer_ids": aux_layers.handed_ids(list(cfg.aux_layer_ids), "vllm"),
+        aux_layers.CONVENTION_KEY: "vllm",
+        "speculators_config": {
+            "algorithm": MODEL_TYPE,
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(k)}],
+            "verifier": {"name_or_path": str(verifier), "architectures": list(verifier_architectures)},
+        },
+        "torch_dtype": cfg.torch_dtype,
+    }
+    if eagle != {"use_aux_hidden_state": True}:
+        out["drafterops_eagle_config"] = eagle  # other eagle_config keys, kept for the way back
+    return out
+
+
+def to_speculators(src: str | Path, out: str | Path, verifier: str, verifier_architectures: list[str], k: int) -> Path:
+    """Write the project's drafter in `src` as a speculators folder in `out` (embed_tokens left out:
+    vLLM takes the verifier's)."""
+    src, out = Path(src), Path(out)
+    cfg = load_config(src)
+    header = read_header(src)
+    problems = header_problems(header, cfg)
+    if problems:
+        raise BadInput(f"{src}: checkpoint does not match its config: " + "; ".join(problems))
+
+    def rename(name: str) -> str | None:
+        if name == EMBED:
+            return None
+        return SPECULATORS_LAYER + name.removeprefix(PROJECT_LAYER) if name.startswith(PROJECT_LAYER) else name
+
+    copy_tensors(src, out, rename, header)
+    config = speculators_config(cfg, verifier, verifier_architectures, k)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
+
+
+def project_config(raw: dict[str, Any], where: str) -> DrafterConfig:
+    """The project's config for a speculators config, or a refusal naming the key that makes it another network."""
+    kind = raw.get("speculators_model_type")
+    if kind != MODEL_TYPE:
+        raise BadInput(f"{where}: speculators_model_type is {kind!r}; only {MODEL_TYPE!r} is an EAGLE-3 drafter")
+    for flag in NORM_FLAGS[1:]:
+        if raw.get(flag, False) is not False:
+            raise BadInput(
+                f"{where}: '{flag}' is {raw[flag]!r}: a norm the plain EAGLE-3 drafter does not have (vLLM would "
+                "build another network than the project trains and decodes)"
+            )
+    if "norm_before_residual" not in raw:
+        raise BadInput(
+            f"{where}: no 'norm_before_residual', which vLLM reads as true: the plain EAGLE-3 drafter needs false"
+        )
+    if raw["norm_before_residual"] is not False:
+        raise BadInput(
+            f"{where}: 'norm_before_residual' is {raw['norm_before_residual']!r}; the project's drafter is false"
+        )
+    layer = raw.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise BadInput(f"{where}: 'transformer_layer_config' must be the decoder's config (a mapping)")
+    handed = raw.get("eagle_aux_hidden_state_layer_ids")
+    if not isinstance(handed, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in handed):
+        raise BadInput(
+            f"{where}: no 'eagle_aux_hidden_state_layer_ids': vLLM would feed the target's default layers, which "
+            "the folder does not name"
+        )
+    convention = str(raw.get(aux_layers.CONVENTION_KEY, "vllm"))  # a speculators folder is read by vLLM
+    if "draft_vocab_size" not in raw:
+        raise BadInput(f"{where}: missing field 'draft_vocab_size'")
+    project = {key: v for key, v in layer.items() if key not in TOP_LEVEL}
+    eagle = {"use_aux_hidden_state": True, **(raw.get("drafterops_eagle_config") or {})}
+    eagle["eagle_aux_hidden_state_layer_ids"] = aux_layers.project_ids(handed, convention)
+    project.update(architectures=[ARCHITECTURE], eagle_config=eagle, draft_vocab_size=raw["draft_vocab_size"])
+    if raw.get("target_hidden_size") is not None:
+        project["target_hidden_size"] = raw["target_hidden_size"]
+    return DrafterConfig.from_dict(project, where)
+
+
+def from_speculators(src: str | Path, out: str | Path) -> Path:
+    """Convert a speculators-format EAGLE-3 folder to the project's layout (the same tensor bytes)."""
+    src, out = Path(src), Path(out)
+    where = str(src / "config.json")
+    cfg = project_config(read_json(src / "config.json"), where)
+    header = read_header(src)
+    other_layers = sorted(
+        {n.split(".")[1] for n in header if n.startswith("layers.") and not n.startswith("layers.0.")}
+    )
+    if other_layers:
+        raise BadInput(f"{src}: decoder layers {', '.join(other_layers)} beyond the first: an EAGLE-3 drafter has one")
+
+    def rename(name: str) -> str:
+        return PROJECT_LAYER + name.removeprefix(SPECULATORS_LAYER) if name.startswith(SPECULATORS_LAYER) else name
+
+    renamed = {rename(n): info for n, info in header.items()}
+    problems = header_problems(renamed, cfg)
+    if problems:
+        raise BadInput(f"{src}: tensors do not match its config: " + "; ".join(problems))
+    copy_tensors(src, out, rename, header)
+    cfg.save(out)
+    return out
+
+
+def verifier_of(folder: str | Path) -> str:
+    raw = read_json(Path(folder) / "config.json")
+    return str(((raw.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path", ""))

@@ -1,0 +1,165 @@
+"""`export`: hand a promoted drafter to a server: the folder the engine loads as it is, `serve.sh` with the
+exact server command at the depth the promotion was decided at, and EXPORT.md saying what it is.
+
+Only the sanctioned holder of `staging` or `production` is exported (the alias's signed record, not its
+label), unless --any_version; the shape gate is recomputed against the export's target first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from drafter.errors import BadInput
+from steps._cli import integer, log_params, none_if_empty, parser, run_step, step_run
+
+SERVING = ("production", "staging")
+
+
+def build() -> argparse.ArgumentParser:
+    p = parser("export", __doc__)
+    p.add_argument("--model", default="models:/k2.5-mini-eagle3@production", help="a registry URI")
+    p.add_argument("--engine", default="vllm", help="sglang, vllm or speculators")
+    p.add_argument("--out", default="none", help="a new (or empty) folder")
+    p.add_argument("--target", default="auto", help="auto: the registered model's target")
+    p.add_argument("--draft_steps", default="auto", help="auto: the depth the promotion was decided at")
+    p.add_argument(
+        "--any_version", nargs="?", const="yes", default="no", choices=["yes", "no"],
+        help="export a version that holds no serving alias",
+    )  # fmt: skip
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    import mlflow
+
+    from drafter.compat import check_compat, drafter_facts, passed, target_facts
+    from engines import export
+    from engines.vllm import Settings
+    from registry import naming, sanction, store
+
+    if args.engine not in export.ENGINES:
+        raise BadInput(f"--engine must be one of {', '.join(export.ENGINES)}, got {args.engine!r}")
+    out = Path(none_if_empty(args.out) or "")
+    if not none_if_empty(args.out):
+        raise BadInput("--out must name the folder to write")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise BadInput(f"--out {out} exists and is not an empty folder")
+    if not args.model.startswith("models:/"):
+        raise BadInput(f"--model must be a registry URI (models:/name@production, models:/name/3), got {args.model!r}")
+    c = store.client()
+    mv, folder = store.version_folder(args.model)
+    aliases = [a for a in SERVING if sanction.holder(c, mv.name, a).version == str(mv.version)]
+    if not aliases and args.any_version != "yes":
+        raise BadInput(
+            f"models:/{mv.name}/{mv.version} holds no serving alias by a promote decision (staging or production); "
+            "give --any_version yes to export it anyway"
+        )
+    target = none_if_empty(args.target) or c.get_registered_model(mv.name).tags.get(naming.MODEL_TAG_TARGET)
+    if not target:
+        raise BadInput(f"registered model {mv.name!r} names no target: give --target")
+    checks = check_compat(drafter_facts(folder), target_facts(target))
+    if not passed(checks):
+        bad = "; ".join(f"{x.name}: expected {x.expected}, got {x.actual}" for x in checks if x.ok is False)
+        raise BadInput(f"models:/{mv.name}/{mv.version} has no shape-gate pass against {target}: {bad}")
+    evidence_run, decided_k = decision_of(c, mv.name, aliases)
+    if none_if_empty(args.draft_steps):
+        k = integer(args.draft_steps, "draft_steps", 1)
+    elif decided_k:
+        k = decided_k
+    else:
+        raise BadInput(
+            f"models:/{mv.name}/{mv.version} has no promotion decision to take the depth from: give --draft_steps"
+        )
+    if decided_k and k != decided_k:
+        print(f"export: warning: k={k}, but the promotion was decided at k={decided_k}: another deployment")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        exported = export.write(folder, staging, args.engine, k, target)
+        context = int(target_facts(target).config.text_config.get("max_position_embeddings", 4096))
+        settings = Settings(k=k, max_new_tokens=1, max_model_len=context)
+        exported.folder = out.resolve()  # serve.sh names the folder it ends up in
+        (staging / "serve.sh").write_text(export.serve_script(exported, settings))
+        (staging / "serve.sh").chmod(0o755)
+        (staging / "EXPORT.md").write_text(describe(mv, aliases, evidence_run, exported, target))
+        if out.exists():
+            out.rmdir()
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    with step_run("export", run_name=f"export v{mv.version} -> {args.engine}"):
+        log_params({"model": args.model, "engine": args.engine, "out": str(out), "target": target,
+                    "draft_steps": k, "any_version": args.any_version})  # fmt: skip
+        for name in ("config.json", "serve.sh", "EXPORT.md"):
+            mlflow.log_artifact(str(out / name), "export")
+        files = store.file_hashes(out)
+        mlflow.log_dict(files, "export/files_sha256.json")
+        run_id = mlflow.active_run().info.run_id
+        mlflow.set_tag("mlflow.note.content", f"Exported models:/{mv.name}/{mv.version} for {args.engine} to `{out}`.")
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        c.set_model_version_tag(
+            mv.name, mv.version, f"exported.{args.engine}", f"run {run_id} -> {out} at k={k} ({when})"
+        )
+    print(f"export: models:/{mv.name}/{mv.version} ({', '.join(aliases) or 'no serving alias'}) for {args.engine} "
+          f"at k={k} -> {out}\n  serve it: {out / 'serve.sh'}")  # fmt: skip
+    return 0
+
+
+def decision_of(c, name: str, aliases: list[str]) -> tuple[str, int | None]:
+    """The evaluation run the serving alias was decided on, and its draft depth (from the signed record)."""
+    from registry import evidence, sanction
+
+    for alias in aliases:
+        holder = sanction.holder(c, name, alias)
+        record = sanction._read(c, holder.run_id) if holder.run_id else None
+        run_id = (record or {}).get("evidence_run") or ""
+        if not run_id:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                path = c.download_artifacts(run_id, evidence.EVIDENCE_FILE, tmp)
+                return run_id, evidence.read_record(Path(path).read_text(), run_id).draft_steps
+            except Exception:  # noqa: BLE001  (an unreadable record gives no depth; --draft_steps then)
+                return run_id, None
+    return "", None
+
+
+def describe(mv, aliases: list[str], evidence_run: str, exported, target: str) -> str:
+    """EXPORT.md: which version, which alias, which evidence, which target layers the engine feeds."""
+    aux = exported.aux
+    lines = [
+        f"# {mv.name} v{mv.version} for {exported.engine}",
+        "",
+        f"- version: `models:/{mv.name}/{mv.version}` ("
+        + (", ".join(aliases) or "no serving alias: exported with --any_version")
+        + ")",
+        f"- evidence run: `{evidence_run or 'none'}`",
+        f"- target: `{target}`; handed to the engine as `{exported.target}`",
+        f"- draft depth: k={exported.k}",
+        f"- aux layer ids handed: {aux['handed_ids']} ({exported.engine} reads id i as {aux['engine_reads_id_as']}): "
+        f"the target layer outputs fed are {aux['target_layer_outputs_fed']}, the drafter was trained on "
+        f"{aux['project_ids']} ({'as trained' if aux['matches_training'] else 'NOT as trained'})",
+        "- norm flags: norm_before_residual, norm_before_fc, fc_norm, norm_output all false (the plain EAGLE-3 "
+        "network); embed_tokens left out (the engine takes the target's)",
+        "",
+        "Serve it with `./serve.sh` (PORT, HOST, PYTHON, TARGET can be set).",
+    ]
+    if exported.engine == "speculators":
+        lines.append(
+            "The folder names its verifier (`speculators_config.verifier.name_or_path`); on another machine edit "
+            "it to where the target is."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_step("export", build, run, argv)
+
+
+if __name__ == "__main__":
+    main()

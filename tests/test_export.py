@@ -1,0 +1,202 @@
+"""From registry to server: the speculators format both ways (the same tensors, every key vLLM needs, what
+the project's drafter is not refused by name), and `export` of a promoted version: the folder, serve.sh,
+EXPORT.md, the record of it, and bad input (exit 2, nothing written). Served by vLLM in test_engine_vllm.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlflow
+import pytest
+from safetensors.torch import load_file, save_file
+
+from drafter.checkpoint import load_config, save_drafter
+from drafter.errors import BadInput
+from drafter.speculators_format import from_speculators, is_speculators, to_speculators
+from tests.conftest import run_step, tiny_drafter
+from tests.test_promote import evaluate, register_gated, write_profiles
+
+ROOT = Path(__file__).resolve().parents[1]
+MINI = ROOT / "miniworld" / "aq-mini-eagle3"
+
+
+def test_project_to_speculators_and_back_is_the_same_drafter(tmp_path):
+    spec = to_speculators(MINI, tmp_path / "spec", "some/verifier", ["DeepseekV3ForCausalLM"], 3)
+    raw = json.loads((spec / "config.json").read_text())
+    assert raw["speculators_model_type"] == "eagle3" and is_speculators(spec)
+    assert {k: raw[k] for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")} == dict.fromkeys(
+        ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"), False
+    )
+    assert raw["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]  # vLLM reads id i as layer i's input
+    assert raw["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    assert raw["speculators_config"]["verifier"]["name_or_path"] == "some/verifier"
+    assert raw["transformer_layer_config"]["num_hidden_layers"] == 1 and raw["draft_vocab_size"] == 1024
+    names = set(load_file(str(spec / "model.safetensors")))
+    assert "layers.0.self_attn.q_proj.weight" in names and not any(n.startswith("midlayer.") for n in names)
+    back = from_speculators(spec, tmp_path / "back")
+    a, b = load_file(str(MINI / "model.safetensors")), load_file(str(back / "model.safetensors"))
+    assert set(a) == set(b) and all(a[k].dtype == b[k].dtype and a[k].equal(b[k]) for k in a)
+    assert load_config(back).to_dict() == load_config(MINI).to_dict()
+
+
+def hand_written_speculators(folder: Path, vocab: int, **flags) -> Path:
+    """A tiny EAGLE-3 drafter in the speculators format as vLLM's docs describe it, written here by hand
+    (not by the project's converter): decoder settings under transformer_layer_config, `layers.0.` names."""
+    project = folder.parent / f"{folder.name}-project"
+    save_drafter(tiny_drafter(seed=3, vocab_size=vocab, draft_vocab_size=128, aux_layer_ids=[0, 1, 2]), project,
+                 include_embedding=False)  # fmt: skip
+    tensors = load_file(str(project / "model.safetensors"))
+    folder.mkdir(parents=True)
+    save_file({k.replace("midlayer.", "layers.0."): v for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    config = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.3.0",
+        "transformer_layer_config": {
+            "model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 8, "num_hidden_layers": 1, "hidden_act": "silu",
+            "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 256, "vocab_size": vocab,
+            "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+        },
+        "draft_vocab_size": 128,
+        "target_hidden_size": 32,
+        "norm_before_residual": False,
+        "eagle_aux_hidden_state_layer_ids": [1, 2, 3],
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 2}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": "tiny/verifier", "architectures": ["DeepseekV3ForCausalLM"]},
+        },
+        **flags,
+    }  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    (folder / "README.md").write_text("---\nlicense: apache-2.0\n---\nA tiny speculator, 1k training samples.\n")
+    return folder
+
+
+@pytest.mark.parametrize(
+    "flags,words",
+    [
+        ({"norm_before_fc": True}, "'norm_before_fc' is True"),
+        ({"fc_norm": True}, "'fc_norm' is True"),
+        ({"norm_output": True}, "'norm_output' is True"),
+        ({"norm_before_residual": True}, "'norm_before_residual' is True"),
+        ({"speculators_model_type": "dflash"}, "speculators_model_type is 'dflash'"),
+        ({"eagle_aux_hidden_state_layer_ids": None}, "no 'eagle_aux_hidden_state_layer_ids'"),
+    ],
+)
+def test_what_the_project_drafter_is_not_is_refused_by_name(tmp_path, flags, words):
+    folder = hand_written_speculators(tmp_path / "spec", 300, **flags)
+    with pytest.raises(BadInput) as err:
+        from_speculators(folder, tmp_path / "out")
+    assert words in str(err.value) and "config.json" in str(err.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_norm_before_residual_is_refused(tmp_path):
+    folder = hand_written_speculators(tmp_path / "spec", 300)
+    raw = json.loads((folder / "config.json").read_text())
+    del raw["norm_before_residual"]
+    (folder / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(BadInput, match="no 'norm_before_residual', which vLLM reads as true"):
+        from_speculators(folder, tmp_path / "out")
+
+
+# ------------------------------------------------------------------------ the registry side (steps)
+@pytest.fixture(scope="module")
+def promoted(tiny_targets, tmp_path_factory):
+    """v1 evaluated on a lenient profile and promoted to staging; v2 gated but holding no serving alias."""
+    tmp = tmp_path_factory.mktemp("export")
+    _, wrapped = tiny_targets
+    write_profiles(tmp)
+    register_gated(tmp, wrapped, (1, 2))
+    evaluate(tmp, "models:/k25-tiny-eagle3/1", wrapped, tmp / "lenient.yaml")
+    done = run_step("promote", ["--model", "models:/k25-tiny-eagle3/1", "--profile", str(tmp / "lenient.yaml"),
+                                "--stage", "staging"], tmp)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return tmp
+
+
+def test_a_hand_written_speculators_drafter_imports_gates_and_evaluates(promoted, tiny_targets):
+    tmp = promoted
+    _, wrapped = tiny_targets
+    vocab = json.loads((wrapped / "config.json").read_text())["text_config"]["vocab_size"]
+    folder = hand_written_speculators(tmp / "speculator", vocab)
+    done = run_step("import_drafter", ["--source", str(folder), "--target", str(wrapped), "--name", "spec-tiny"], tmp)
+    assert done.returncode == 0, done.stderr
+    c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    mv = c.get_model_version("spec-tiny", "1")
+    assert mv.tags["converted_from"] == "speculators" and mv.tags["speculators.verifier"] == "tiny/verifier"
+    assert mv.tags["card.license"] == "apache-2.0"
+    gate = run_step("shape_gate", ["--model", "models:/spec-tiny/1", "--target", str(wrapped)], tmp)
+    assert gate.returncode == 0, gate.stdout + gate.stderr
+    evaluate(tmp, "models:/spec-tiny/1", wrapped, tmp / "lenient.yaml", "--limit", "4")
+    refused = hand_written_speculators(tmp / "speculator-fc", vocab, norm_before_fc=True)
+    no = run_step("import_drafter", ["--source", str(refused), "--target", str(wrapped), "--name", "spec-fc"], tmp)
+    assert no.returncode == 2 and "'norm_before_fc' is True" in no.stderr and len(no.stderr.splitlines()) == 1
+    assert "spec-fc" not in [m.name for m in c.search_registered_models()]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "speculators", "sglang"])
+def test_export_writes_what_the_engine_loads_and_the_command_that_serves_it(promoted, engine):
+    tmp = promoted
+    out = tmp / f"export-{engine}"
+    done = run_step(
+        "export", ["--model", "models:/k25-tiny-eagle3@staging", "--engine", engine, "--out", str(out)], tmp
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    config = json.loads((out / "config.json").read_text())
+    script = (out / "serve.sh").read_text()
+    story = (out / "EXPORT.md").read_text()
+    assert (out / "serve.sh").stat().st_mode & 0o111
+    assert "embed_tokens.weight" not in load_file(str(out / "model.safetensors"))
+    assert config["norm_before_residual"] is False and config["norm_before_fc"] is False
+    if engine == "vllm":
+        assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+        assert '"num_speculative_tokens": 2' in script and '"model": "\'"$DRAFTER"\'"' in script
+    elif engine == "speculators":
+        assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+        assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 2
+        assert '--model "$DRAFTER"' in script and "--speculative-config" not in script
+    else:
+        assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+        assert "--speculative-algorithm EAGLE3" in script and "--speculative-num-draft-tokens 3" in script
+    c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    evidence_run = c.search_runs(
+        [c.get_experiment_by_name("drafterops-audit").experiment_id], "tags.decision = 'promote:staging:yes'"
+    )[0].data.tags["evidence_run"]
+    assert "models:/k25-tiny-eagle3/1` (staging)" in story and evidence_run in story and "k=2" in story
+    assert c.get_model_version("k25-tiny-eagle3", "1").tags[f"exported.{engine}"].startswith("run ")
+
+
+def test_export_bad_input_is_one_line_and_writes_nothing(promoted):
+    tmp = promoted
+    c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    before = len(
+        c.search_runs([e.experiment_id for e in c.search_experiments()], "tags.`mlflow.runName` LIKE 'export%'")
+    )
+    taken = tmp / "taken"
+    taken.mkdir()
+    (taken / "mine.txt").write_text("keep")
+    mini = str(ROOT / "miniworld" / "k2.5-mini")
+    cases = [
+        (["--engine", "trt", "--out", str(tmp / "x1")], "--engine must be one of sglang, vllm, speculators"),
+        (["--out", str(taken)], "exists and is not an empty folder"),
+        (["--model", "models:/k25-tiny-eagle3/2", "--out", str(tmp / "x2")], "holds no serving alias"),
+        (["--target", mini, "--out", str(tmp / "x3")], "has no shape-gate pass against"),
+        (["--model", str(tmp / "d1"), "--out", str(tmp / "x4")], "--model must be a registry URI"),
+    ]
+    for args, words in cases:
+        args = ["--model", "models:/k25-tiny-eagle3@staging", *args] if "--model" not in args else args
+        done = run_step("export", args, tmp)
+        assert done.returncode == 2 and words in done.stderr, (args, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1
+    assert not any((tmp / f"x{i}").exists() for i in range(1, 5)) and (taken / "mine.txt").read_text() == "keep"
+    assert [p.name for p in taken.iterdir()] == ["mine.txt"]
+    assert not [p for p in tmp.iterdir() if p.name.startswith(".x")]  # no half-written staging folder left
+    after = len(
+        c.search_runs([e.experiment_id for e in c.search_experiments()], "tags.`mlflow.runName` LIKE 'export%'")
+    )
+    assert after == before
