@@ -63,7 +63,16 @@ def write(src: Path, out: Path, engine: str, k: int, target: str | Path, handed_
     else:
         export_drafter(src, out, engine, aux["handed_ids"])
         _patch(out, dict.fromkeys(NORM_FLAGS, False))
+    aux["norm_flags_read"] = norm_flags_read(Path(out), engine)
     return Exported(engine, Path(out), target_for_engine, k, aux)
+
+
+def norm_flags_read(folder: Path, engine: str) -> dict[str, bool]:
+    """Each norm flag as the engine will read the folder (vLLM's speculators reading defaults
+    norm_before_residual to true when the key is missing)."""
+    raw = json.loads((folder / "config.json").read_text())
+    defaults = {"norm_before_residual": engine == "speculators"}
+    return {flag: bool(raw.get(flag, defaults.get(flag, False))) for flag in NORM_FLAGS}
 
 
 def _architectures(target: str) -> list[str]:

@@ -121,6 +121,14 @@ def check_agreement(
     same = sum(a == b for a, b in zip(run.per_prompt, inprocess, strict=True)) / len(inprocess)
     if abs(diff) > tolerance or same < min_prompts:
         aux = run.aux
+        flags = [f for f, on in (aux.get("norm_flags_read") or {}).items() if on]
+        if flags:
+            raise InternalError(
+                f"{run.engine_version} disagrees with the project's decoder on the same prompts: accept_len "
+                f"{run.accept_len:.3f} vs {reference:.3f}, per-prompt cycles identical on {100 * same:.0f}% of "
+                f"prompts: it read {', '.join(flags)} as true and built another network than the plain EAGLE-3 "
+                "drafter the project trained"
+            )
         raise InternalError(
             f"{run.engine_version} disagrees with the project's decoder on the same prompts: accept_len "
             f"{run.accept_len:.3f} vs {reference:.3f} ({100 * diff:+.1f}%, tolerance {100 * tolerance:g}%), "

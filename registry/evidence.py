@@ -240,6 +240,8 @@ def mismatches(
         )
     if rec.aux_layers and not rec.aux_layers.get("matches_training", True):
         why.append("the engine fed the drafter other target layers than it was trained on")
+    if rec.aux_layers and any((rec.aux_layers.get("norm_flags_read") or {}).values()):
+        why.append("the engine read a norm flag as true: it served another network than the drafter")
     return why
 
 

