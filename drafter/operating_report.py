@@ -5,12 +5,23 @@ the speed-up the profile predicts is from the one the engine served."""
 from __future__ import annotations
 
 from drafter.cost import Profile, break_even_accept_len, fit_conditional_acceptance
-from drafter.cycle_model import DepthChoice, OperatingPoint, recommend_depth
+from drafter.cycle_model import DepthChoice, OperatingPoint, accept_len_at_depth, recommend_depth
 
 
 def positions_or_fit(acc_pos: list[float] | None, accept_len: float, k: int) -> list[float]:
-    """Measured conditional acceptance by position, or (none kept) the constant rate that gives accept_len."""
-    return list(acc_pos) if acc_pos else [fit_conditional_acceptance(accept_len, k)] * k
+    """Conditional acceptance by position that gives the headline accept_len at depth k: the measured
+    shape scaled to it (positions pooled over prompts need not reproduce a share-weighted mix), or, with
+    none kept, the constant rate that gives it."""
+    if not acc_pos or not any(acc_pos):
+        return [fit_conditional_acceptance(accept_len, k)] * k
+    lo, hi = 0.0, 1.0 / max(acc_pos)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if accept_len_at_depth([a * mid for a in acc_pos], k) < accept_len:
+            lo = mid
+        else:
+            hi = mid
+    return [a * (lo + hi) / 2 for a in acc_pos]
 
 
 def candidate_depths(profile: Profile, k: int) -> list[int]:

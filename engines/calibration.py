@@ -121,38 +121,58 @@ def measure_launched(
     depths: list[int],
     concurrencies: list[int],
     progress: Callable[[str], None] | None = None,
+    rounds: int = 2,
 ) -> tuple[dict[int, Timing], dict[int, dict[int, Timing]], list[str]]:
-    """Plain server once, then one speculative server per depth; each timed at every concurrency.
-    Returns (plain timing per concurrency, spec timing per depth and concurrency, server logs)."""
+    """One plain server and one speculative server per depth, all up at once, timed side by side: in
+    each round every server is timed at every concurrency in turn (the order rotating), so a host whose
+    speed drifts (a shared CPU easily moves 10% within seconds) slows every server alike instead of
+    whichever happened to be measured then. Returns (plain timing per concurrency, spec timing per depth
+    and concurrency, server logs); every server is stopped on the way out."""
+    from contextlib import ExitStack
     from dataclasses import replace
 
     env = vllm.server_env("cpu" in served.version)
-    plain: dict[int, Timing] = {}
-    spec: dict[int, dict[int, Timing]] = {}
-    logs = []
-    for k in [0, *depths]:
-        name = "plain" if k == 0 else f"k{k}"
-        log = served.workdir / f"vllm-{name}.log"
-        logs.append(str(log))
-        settings = replace(s, k=max(k, 1))
-        draft = served.drafter if k else None
-        if progress:
-            progress(f"starting the {name} server")
-        with on_loopback(
-            f"vLLM ({served.version}, {name})",
-            lambda port, draft=draft, settings=settings: vllm.server_command(
-                served.python, served.target, port, settings, draft
-            ),
-            env,
-            log,
-            s.start_timeout_s,
-        ) as server:
+    names = {k: "plain" if k == 0 else f"k{k}" for k in [0, *depths]}
+    logs = [str(served.workdir / f"vllm-{name}.log") for name in names.values()]
+    totals: dict[int, dict[int, Timing]] = {k: {} for k in names}
+    with ExitStack() as stack:
+        urls = {}
+        for k, name in names.items():
+            if progress:
+                progress(f"starting the {name} server")
+            settings = replace(s, k=max(k, 1))
+            server = stack.enter_context(
+                on_loopback(
+                    f"vLLM ({served.version}, {name})",
+                    lambda port, draft=(served.drafter if k else None), st=settings: vllm.server_command(
+                        served.python, served.target, port, st, draft
+                    ),
+                    env,
+                    served.workdir / f"vllm-{name}.log",
+                    s.start_timeout_s,
+                )
+            )
+            urls[k] = server.url
+        order = list(names)
+        for r in range(rounds):
+            turn = order[r % len(order) :] + order[: r % len(order)]
             for c in concurrencies:
-                if progress:
-                    progress(f"timing {name} at concurrency {c}")
-                t = time_requests(server.url, prompts, settings, c, spec=bool(k))
-                (spec.setdefault(k, {}) if k else plain)[c] = t
-    return plain, spec, logs
+                for k in turn:
+                    if progress:
+                        progress(f"round {r + 1}/{rounds}: {names[k]} at concurrency {c}")
+                    t = time_requests(urls[k], prompts, replace(s, k=max(k, 1)), c, spec=bool(k))
+                    totals[k][c] = merge(totals[k].get(c), t)
+    return totals.pop(0), totals, logs
+
+
+def merge(a: Timing | None, b: Timing) -> Timing:
+    """Two timings of one server at one concurrency as one (sums, so each request weighs the same)."""
+    if a is None:
+        return b
+    width = max(len(a.accepted_at), len(b.accepted_at))
+    at = [(a.accepted_at + [0] * width)[i] + (b.accepted_at + [0] * width)[i] for i in range(width)]
+    return Timing(a.concurrency, a.requests + b.requests, a.decode_tokens + b.decode_tokens,
+                  a.decode_seconds + b.decode_seconds, a.cycles + b.cycles, a.accepted + b.accepted, at)  # fmt: skip
 
 
 def measure_endpoints(

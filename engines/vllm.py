@@ -221,63 +221,101 @@ def measure(
     progress: bool = True,
     check: Callable[[EngineRun], None] | None = None,
 ) -> EngineRun:
-    """Serve the target with the drafter, then without it (one server at a time), and measure both.
-    `check` sees the speculative half first, so a fault stops the measurement before the second server."""
+    """Serve the target with the drafter and measure acceptance (per prompt, from the counters); `check`
+    sees that half first, so a fault stops the measurement before the plain server starts. Then, with
+    both servers up, time them side by side: prompt by prompt alternately at batch 1, and in alternating
+    rounds at `concurrency`, so that a host whose speed drifts slows both alike and the speed-up is a
+    ratio measured under the same conditions."""
+    from contextlib import ExitStack
+
     from tqdm.auto import tqdm
 
     engine_version, aux = launch.version, launch.aux
     env = server_env("cpu" in engine_version)
-    runs, starts, logs = {}, {}, []
-    for name, draft in (("spec", launch.drafter), ("baseline", None)):
-        log = launch.workdir / f"vllm-{name}.log"
-        logs.append(str(log))
-        server = on_loopback(
-            f"vLLM ({engine_version}, {name})",
-            lambda port, draft=draft: (
-                server_command(launch.python, draft, port, s, None)  # the folder names its verifier
-                if draft is not None and launch.speculators
-                else server_command(launch.python, launch.target, port, s, draft)
-            ),
-            env,
-            log,
-            s.start_timeout_s,
-        )
-        with server:
-            starts[name] = server.start_seconds
-            url = server.url
-            complete(url, prompts[0], s, s.seed)  # warm-up, not counted: start-up costs stay out of the timings
-            bar = tqdm(total=len(prompts), desc=f"vllm {name}", unit="prompt", disable=not progress)
+    starts, logs, urls = {}, [], {}
+    with ExitStack() as stack:
+        for name, draft in (("spec", launch.drafter), ("baseline", None)):
+            log = launch.workdir / f"vllm-{name}.log"
+            logs.append(str(log))
+            server = stack.enter_context(
+                on_loopback(
+                    f"vLLM ({engine_version}, {name})",
+                    lambda port, draft=draft: (
+                        server_command(launch.python, draft, port, s, None)  # the folder names its verifier
+                        if draft is not None and launch.speculators
+                        else server_command(launch.python, launch.target, port, s, draft)
+                    ),
+                    env,
+                    log,
+                    s.start_timeout_s,
+                )
+            )
+            starts[name], urls[name] = server.start_seconds, server.url
+            complete(server.url, prompts[0], s, s.seed)  # warm-up, not counted: start-up costs stay out
+            if draft is None:
+                break
+            bar = tqdm(total=len(prompts), desc="vllm spec", unit="prompt", disable=not progress)
             try:
-                seq = sequential(url, prompts, s, draft is not None, bar.update)
+                seq = sequential(server.url, prompts, s, True, bar.update)
             finally:
                 bar.close()
-            if draft is not None:
-                if sum(c for _, c in seq[1]) == 0:
-                    raise InternalError(f"vLLM ({engine_version}) reported no speculative drafts; its log: {log}")
-                if check is not None:
-                    check(_run(engine_version, s, seq, None, starts, aux, logs))
-            conc = concurrent(url, prompts, s) if s.concurrency > 1 else None
-            runs[name] = (*seq, conc)
-    base, spec = runs["baseline"], runs["spec"]
+            if sum(c for _, c in seq[1]) == 0:
+                raise InternalError(f"vLLM ({engine_version}) reported no speculative drafts; its log: {log}")
+            if check is not None:
+                check(_run(engine_version, s, seq, None, starts, aux, logs))
+        bar = tqdm(total=len(prompts), desc="vllm side by side", unit="prompt", disable=not progress)
+        try:
+            outputs_base, tps = side_by_side(urls, prompts, s, bar.update)
+        finally:
+            bar.close()
+        conc = alternating(urls, prompts, s) if s.concurrency > 1 else {}
     return EngineRun(
         engine="vllm",
         engine_version=engine_version,
         k=s.k,
-        per_prompt=spec[1],
-        accepted_at=spec[2],
-        outputs_spec=spec[0],
-        outputs_base=base[0],
-        tps_baseline=base[3],
-        tps_spec=spec[3],
+        per_prompt=seq[1],
+        accepted_at=seq[2],
+        outputs_spec=seq[0],
+        outputs_base=outputs_base,
+        tps_baseline=tps["baseline"],
+        tps_spec=tps["spec"],
         concurrency=s.concurrency,
-        tps_baseline_conc=base[4][0] if base[4] else None,
-        tps_spec_conc=spec[4][0] if spec[4] else None,
-        decode_tps_baseline_conc=base[4][1] if base[4] else None,
-        decode_tps_spec_conc=spec[4][1] if spec[4] else None,
+        tps_baseline_conc=conc["baseline"][0] if conc else None,
+        tps_spec_conc=conc["spec"][0] if conc else None,
+        decode_tps_baseline_conc=conc["baseline"][1] if conc else None,
+        decode_tps_spec_conc=conc["spec"][1] if conc else None,
         start_seconds=starts,
         aux=aux,
         logs=logs,
     )
+
+
+def side_by_side(urls: dict[str, str], prompts: list[list[int]], s: Settings, progress: Callable | None):
+    """Batch 1, each prompt on the plain server then on the speculative one (the order alternating):
+    the plain server's outputs, and decode tok/s of each (first token excluded)."""
+    outputs, tokens, seconds = [], dict.fromkeys(urls, 0), dict.fromkeys(urls, 0.0)
+    for i, prompt in enumerate(prompts):
+        for name in sorted(urls, reverse=bool(i % 2)):
+            out, first, total = complete(urls[name], prompt, s, s.seed + i)
+            tokens[name] += max(0, len(out) - 1)
+            seconds[name] += total - first
+            if name == "baseline":
+                outputs.append(out)
+        if progress:
+            progress()
+    return outputs, {n: tokens[n] / max(seconds[n], 1e-9) for n in urls}
+
+
+def alternating(urls: dict[str, str], prompts: list[list[int]], s: Settings, rounds: int = 2):
+    """`concurrency` requests in flight, the servers in turn for `rounds` rounds: per server (wall tok/s,
+    decode tok/s one request sees), each the mean over rounds."""
+    sums = {n: [0.0, 0.0] for n in urls}
+    for r in range(rounds):
+        for name in sorted(urls, reverse=bool(r % 2)):
+            wall, decode = concurrent(urls[name], prompts, s)
+            sums[name][0] += wall / rounds
+            sums[name][1] += decode / rounds
+    return {n: tuple(v) for n, v in sums.items()}
 
 
 def _run(version: str, s: Settings, seq, base, starts, aux, logs) -> EngineRun:

@@ -101,6 +101,14 @@ def guard_sentence(c: Any) -> str:
     )
 
 
+def _rounded(value: str | None, digits: int) -> str:
+    """A tag's number rounded (never sliced: '1.6325' is 1.633, not '1.632')."""
+    try:
+        return f"{float(value):.{digits}f}"
+    except (TypeError, ValueError):
+        return "?"
+
+
 def _evaluations(tags: dict[str, str]) -> str:
     """'1.910 [1.752, 2.065] vs break-even 2.46 on profile' for each profile the version was evaluated on."""
     out = []
@@ -108,7 +116,8 @@ def _evaluations(tags: dict[str, str]) -> str:
         if key.startswith("eval.") and key.endswith(".accept_len"):
             p = key[len("eval.") : -len(".accept_len")]
             low, high, be = (
-                tags.get(f"eval.{p}.{k}", "?") for k in ("accept_len_ci_low", "accept_len_ci_high", "break_even")
+                _rounded(tags.get(f"eval.{p}.{k}"), digits)
+                for k, digits in (("accept_len_ci_low", 3), ("accept_len_ci_high", 3), ("break_even", 2))
             )
-            out.append(f"{float(tags[key]):.3f} [{low[:5]}, {high[:5]}] vs break-even {be[:4]} on `{p}`")
+            out.append(f"{_rounded(tags[key], 3)} [{low}, {high}] vs break-even {be} on `{p}`")
     return "; ".join(out) or "not evaluated"

@@ -34,6 +34,7 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSON Lines prompts sent to the servers")
     p.add_argument("--limit", default="16", help="prompts per timing")
     p.add_argument("--max_new_tokens", default="64")
+    p.add_argument("--rounds", default="2", help="timing rounds, every server in turn each round")
     p.add_argument("--out", default="none", help="the profile to write (configs/profiles/<name>.yaml)")
     p.add_argument("--overwrite", nargs="?", const="yes", default="no", choices=["yes", "no"], help="replace --out")
     p.add_argument("--eval_from", default="host", help="profile whose pinned prompts and eval settings are copied")
@@ -168,9 +169,10 @@ def time_launched(args, prompts, loads, max_new):
     exported = export.write(Path(folder), workdir / "drafter-vllm", "vllm", depths[-1], args.target)
     served = calibration.Served(python, version, Path(exported.target), exported.folder, workdir)
     s = settings(args, max_new)
-    bar, step = progress_bar(args, (1 + len(depths)) * (1 + len(loads)))
+    rounds = integer(args.rounds, "rounds", 1)
+    bar, step = progress_bar(args, (1 + len(depths)) * (1 + rounds * len(loads)))
     try:
-        plain, spec, logs = calibration.measure_launched(served, prompts, s, depths, loads, step)
+        plain, spec, logs = calibration.measure_launched(served, prompts, s, depths, loads, step, rounds)
         bar.update()
     finally:
         bar.close()
