@@ -86,7 +86,7 @@ def holder(c: Any, name: str, alias: str) -> Holder:
     )
     valid, ignored = [], 0
     for run in runs:
-        record = _read(c, run.info.run_id)
+        record = read(c, run.info.run_id)
         if _sanctions(record, identity, alias):
             valid.append((float(record.get("at", 0.0)), run.info.run_id, record))
         else:
@@ -123,7 +123,8 @@ def _sanctions(record: dict[str, Any] | None, identity: dict[str, Any], alias: s
     )
 
 
-def _read(c: Any, run_id: str) -> dict[str, Any] | None:
+def read(c: Any, run_id: str) -> dict[str, Any] | None:
+    """The sanction an audit run holds, unverified (None: none readable); `holder` verifies it."""
     from mlflow.exceptions import MlflowException
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -139,10 +139,12 @@ def progress_bar(args, steps: int):
     from tqdm.auto import tqdm
 
     bar = tqdm(total=steps, desc="calibrate", unit="step", disable=not args.progress)
+    started = []
 
     def step(message: str) -> None:
-        if bar.n or bar.desc != "calibrate":
+        if started:  # the step before this one is done
             bar.update()
+        started.append(message)
         bar.set_description(message)
 
     return bar, step

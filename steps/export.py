@@ -116,7 +116,7 @@ def decision_of(c, name: str, aliases: list[str]) -> tuple[str, int | None]:
 
     for alias in aliases:
         holder = sanction.holder(c, name, alias)
-        record = sanction._read(c, holder.run_id) if holder.run_id else None
+        record = sanction.read(c, holder.run_id) if holder.run_id else None
         run_id = (record or {}).get("evidence_run") or ""
         if not run_id:
             continue
