@@ -1,5 +1,5 @@
-"""Does the calibrated profile predict what the engine serves? For every `evaluate --engine vllm` run in a
-store made under a calibrated profile: the speed-up the profile predicts from the engine's accept_len at
+"""Does the calibrated profile predict what the engine serves? For the latest `evaluate --engine vllm` run of each
+drafter in a store made under a calibrated profile: the speed-up the profile predicts from the engine's accept_len at
 each operating point, against the served decode speed-up measured at that load (batch 1, and the run's
 `--concurrency`), with the hand-written `host` profile's prediction beside it. Writes
 bench/results/served_vs_predicted.{md,json}.
@@ -29,8 +29,11 @@ def rows(store: str, profile_path: str | None) -> list[dict]:
         order_by=["attributes.start_time ASC"],
     )
     host = load_profile("host")
+    latest = {}
+    for run in runs:  # oldest first: the latest evaluation of each drafter on each profile stands
+        latest[(run.data.params.get("model", ""), run.data.params.get("profile", ""))] = run
     out = []
-    for run in runs:
+    for run in latest.values():
         m, params = run.data.metrics, run.data.params
         path = profile_path or params.get("profile", "")
         if not any(key.startswith("predicted_served_speedup_c") for key in m):
