@@ -35,7 +35,7 @@ def rows(store: str, profile_path: str | None) -> list[dict]:
     out = []
     for run in latest.values():
         m, params = run.data.metrics, run.data.params
-        path = profile_path or params.get("profile", "")
+        path = params.get("profile", "")
         if not any(key.startswith("predicted_served_speedup_c") for key in m):
             continue
         k = int(params.get("resolved.draft_steps", params.get("draft_steps", host.draft_steps)))
@@ -48,11 +48,15 @@ def rows(store: str, profile_path: str | None) -> list[dict]:
             "engine_accept_len": m["engine_accept_len"],
             "host_predicted_speedup": m["engine_accept_len"] / break_even_accept_len(host_k),
         }
-        for key, value in m.items():
-            if key.startswith("predicted_served_speedup_c"):
-                c_ = key.rsplit("_c", 1)[1]
-                served = m["served_speedup"] if c_ == "1" else m.get(f"served_decode_speedup_c{c_}")
-                row[f"c{c_}"] = {"predicted": value, "served": served, "error": served / value - 1 if served else None}
+        predicted = {key.rsplit("_c", 1)[1]: v for key, v in m.items() if key.startswith("predicted_served_speedup_c")}
+        if profile_path:  # another calibration's prediction from the same served figures
+            other = load_profile(profile_path)
+            predicted = {str(op.concurrency): m["engine_accept_len"] * 1000 / op.cycle_ms(k) / op.plain_tps
+                         for op in other.operating_points}  # fmt: skip
+        for c_, value in predicted.items():
+            served = m["served_speedup"] if c_ == "1" else m.get(f"served_decode_speedup_c{c_}")
+            if served is not None:
+                row[f"c{c_}"] = {"predicted": value, "served": served, "error": served / value - 1}
         out.append(row)
     return out
 
@@ -80,7 +84,7 @@ def markdown(table: list[dict]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--store", default="sqlite:///mlflow.db")
-    p.add_argument("--profile", default=None)
+    p.add_argument("--profile", default=None, help="predict from this calibrated profile instead of the run's own")
     args = p.parse_args()
     table = rows(args.store, args.profile)
     if not table:

@@ -20,7 +20,8 @@ def operating_points(
     for c in sorted(plain_tps):
         points = {k: round(by_c[c], 4) for k, by_c in sorted(cycle_ms.items())}
         verify, step = fit_cycle(points)
-        out.append(OperatingPoint(c, shares[c], round(plain_tps[c], 3), verify, step, tuple(sorted(points.items()))))
+        out.append(OperatingPoint(c, shares[c], round(plain_tps[c], 3), round(verify, 4), round(step, 4),
+                                  tuple(sorted(points.items()))))  # fmt: skip
     return tuple(out)
 
 

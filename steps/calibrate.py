@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         logs = []
     else:
         plain, spec, measured, logs = time_launched(args, prompts, loads, max_new)
+    measured["prompts_count"] = len(prompts)
     return write_and_log(args, out, source, loads, shares, plain, spec, measured, records_digest, logs, t0)
 
 
@@ -242,8 +243,8 @@ def hardware(logs: list[str]) -> str:
     detected = ""
     for log in logs[:1]:
         try:
-            m = re.search(r"detected platform (\S+)", Path(log).read_text(errors="replace"))
-            detected = m.group(1).rstrip(".") if m else ""
+            m = re.search(r"device_config=(\w+)", Path(log).read_text(errors="replace"))
+            detected = m.group(1) if m else ""
         except OSError:
             pass
     cpu = ""
@@ -282,7 +283,6 @@ def write_and_log(args, out, source, loads, shares, plain, spec, measured, promp
         concurrency=loads,
         prompts=str(args.prompts),
         prompts_sha256=prompts_digest,
-        prompts_count=plain[loads[0]].requests,
         max_new_tokens=int(args.max_new_tokens),
         command=" ".join(shlex.quote(a) for a in ["python", "-m", "steps.calibrate", *sys.argv[1:]]),
     )
