@@ -182,22 +182,24 @@ def measure_endpoints(
     s: vllm.Settings,
     concurrencies: list[int],
     progress: Callable[[str], None] | None = None,
+    rounds: int = 2,
 ) -> tuple[dict[int, Timing], dict[int, dict[int, Timing]]]:
-    """The same timings on servers the user runs: a plain one and one speculative server per depth."""
+    """The same side-by-side timings on servers the user runs: a plain one and one speculative server per
+    depth, every server in turn each round."""
     from dataclasses import replace
 
-    plain = {}
-    for c in concurrencies:
-        if progress:
-            progress(f"timing {plain_url} at concurrency {c}")
-        plain[c] = time_requests(plain_url, prompts, s, c, spec=False)
-    spec: dict[int, dict[int, Timing]] = {}
-    for k, url in sorted(spec_urls.items()):
+    urls = {0: plain_url, **spec_urls}
+    order = sorted(urls)
+    totals: dict[int, dict[int, Timing]] = {k: {} for k in urls}
+    for r in range(rounds):
+        turn = order[r % len(order) :] + order[: r % len(order)]
         for c in concurrencies:
-            if progress:
-                progress(f"timing {url} (k={k}) at concurrency {c}")
-            spec.setdefault(k, {})[c] = time_requests(url, prompts, replace(s, k=k), c, spec=True)
-    return plain, spec
+            for k in turn:
+                if progress:
+                    progress(f"round {r + 1}/{rounds}: {urls[k]} at concurrency {c}")
+                t = time_requests(urls[k], prompts, replace(s, k=max(k, 1)), c, spec=bool(k))
+                totals[k][c] = merge(totals[k].get(c), t)
+    return totals.pop(0), totals
 
 
 SYNTHETIC_UNSUPPORTED = "Synthetic acceptance not supported with CPU sampling"

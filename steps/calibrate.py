@@ -216,9 +216,12 @@ def time_endpoints(args, endpoints, plain_url, prompts, loads, max_new):
         if k in depths:
             raise BadInput(f"{url} and {depths[k]} both serve depth {k}")
         depths[k] = url
-    bar, step = progress_bar(args, (1 + len(depths)) * len(loads))
+    rounds = integer(args.rounds, "rounds", 1)
+    bar, step = progress_bar(args, (1 + len(depths)) * len(loads) * rounds)
     try:
-        plain, spec = calibration.measure_endpoints(depths, plain_url, prompts, settings(args, max_new), loads, step)
+        plain, spec = calibration.measure_endpoints(
+            depths, plain_url, prompts, settings(args, max_new), loads, step, rounds
+        )
         bar.update()
     finally:
         bar.close()
