@@ -333,11 +333,7 @@ def export_drafter(
 
     Works shard by shard, so memory stays at one shard."""
     src, out = Path(src), Path(out)
-    cfg = load_config(src)
-    header = read_header(src)
-    problems = header_problems(header, cfg)
-    if problems:
-        raise BadInput(f"{src}: checkpoint does not match its config: " + "; ".join(problems))
+    cfg, header = checked(src)
     copy_tensors(src, out, lambda name: None if name == EMBED else name, header)
     config = cfg.to_dict()
     handed = aux_layers.handed_ids(list(cfg.aux_layer_ids), engine) if handed_ids is None else list(handed_ids)
@@ -346,6 +342,16 @@ def export_drafter(
         config[aux_layers.CONVENTION_KEY] = engine
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
+
+
+def checked(src: Path) -> tuple[DrafterConfig, dict[str, TensorInfo]]:
+    """A drafter folder's config and tensor headers, or bad input naming every way they disagree."""
+    cfg = load_config(src)
+    header = read_header(src)
+    problems = header_problems(header, cfg)
+    if problems:
+        raise BadInput(f"{src}: checkpoint does not match its config: " + "; ".join(problems))
+    return cfg, header
 
 
 def copy_tensors(

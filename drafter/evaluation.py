@@ -9,6 +9,7 @@ per-position acceptance of the decoding trace, and this host's measured speedup)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -198,6 +199,19 @@ def stop_token(tokenizer: Any) -> int | None:
     if "<|im_end|>" in tokenizer.get_vocab():
         return tokenizer.convert_tokens_to_ids("<|im_end|>")
     return tokenizer.eos_token_id
+
+
+def target_tokenizer(target: str | Path) -> tuple[Any, int]:
+    """The target's tokenizer and context length (what prompts are encoded and cut with), or bad input."""
+    from transformers import AutoTokenizer
+
+    from drafter.config import TargetConfig
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(target)
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"{target}: no tokenizer to encode the prompts ({str(exc).splitlines()[0][:120]})") from None
+    return tokenizer, int(TargetConfig.from_file(target).text_config.get("max_position_embeddings", 4096))
 
 
 def encode_prompts(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from drafter import aux_layers
-from drafter.checkpoint import EMBED, copy_tensors, header_problems, load_config, read_header
+from drafter.checkpoint import EMBED, checked, copy_tensors, header_problems, read_header
 from drafter.config import ARCHITECTURE, DrafterConfig, read_json
 from drafter.errors import BadInput
 
@@ -71,11 +71,7 @@ def to_speculators(src: str | Path, out: str | Path, verifier: str, verifier_arc
     """Write the project's drafter in `src` as a speculators folder in `out` (embed_tokens left out:
     vLLM takes the verifier's)."""
     src, out = Path(src), Path(out)
-    cfg = load_config(src)
-    header = read_header(src)
-    problems = header_problems(header, cfg)
-    if problems:
-        raise BadInput(f"{src}: checkpoint does not match its config: " + "; ".join(problems))
+    cfg, header = checked(src)
 
     def rename(name: str) -> str | None:
         if name == EMBED:

@@ -134,7 +134,6 @@ def measure_launched(
     env = vllm.server_env("cpu" in served.version)
     names = {k: "plain" if k == 0 else f"k{k}" for k in [0, *depths]}
     logs = [str(served.workdir / f"vllm-{name}.log") for name in names.values()]
-    totals: dict[int, dict[int, Timing]] = {k: {} for k in names}
     with ExitStack() as stack:
         urls = {}
         for k, name in names.items():
@@ -153,16 +152,33 @@ def measure_launched(
                 )
             )
             urls[k] = server.url
-        order = list(names)
-        for r in range(rounds):
-            turn = order[r % len(order) :] + order[: r % len(order)]
-            for c in concurrencies:
-                for k in turn:
-                    if progress:
-                        progress(f"round {r + 1}/{rounds}: {names[k]} at concurrency {c}")
-                    t = time_requests(urls[k], prompts, replace(s, k=max(k, 1)), c, spec=bool(k))
-                    totals[k][c] = merge(totals[k].get(c), t)
+        totals = in_rounds(urls, names, prompts, s, concurrencies, progress, rounds)
     return totals.pop(0), totals, logs
+
+
+def in_rounds(
+    urls: dict[int, str],
+    names: dict[int, str],
+    prompts: list[list[int]],
+    s: vllm.Settings,
+    concurrencies: list[int],
+    progress: Callable[[str], None] | None,
+    rounds: int,
+) -> dict[int, dict[int, Timing]]:
+    """Every server (depth 0: plain) at every concurrency, in turn each round, the order rotating."""
+    from dataclasses import replace
+
+    order = sorted(urls)
+    totals: dict[int, dict[int, Timing]] = {k: {} for k in urls}
+    for r in range(rounds):
+        turn = order[r % len(order) :] + order[: r % len(order)]
+        for c in concurrencies:
+            for k in turn:
+                if progress:
+                    progress(f"round {r + 1}/{rounds}: {names[k]} at concurrency {c}")
+                t = time_requests(urls[k], prompts, replace(s, k=max(k, 1)), c, spec=bool(k))
+                totals[k][c] = merge(totals[k].get(c), t)
+    return totals
 
 
 def merge(a: Timing | None, b: Timing) -> Timing:
@@ -186,19 +202,8 @@ def measure_endpoints(
 ) -> tuple[dict[int, Timing], dict[int, dict[int, Timing]]]:
     """The same side-by-side timings on servers the user runs: a plain one and one speculative server per
     depth, every server in turn each round."""
-    from dataclasses import replace
-
     urls = {0: plain_url, **spec_urls}
-    order = sorted(urls)
-    totals: dict[int, dict[int, Timing]] = {k: {} for k in urls}
-    for r in range(rounds):
-        turn = order[r % len(order) :] + order[: r % len(order)]
-        for c in concurrencies:
-            for k in turn:
-                if progress:
-                    progress(f"round {r + 1}/{rounds}: {urls[k]} at concurrency {c}")
-                t = time_requests(urls[k], prompts, replace(s, k=max(k, 1)), c, spec=bool(k))
-                totals[k][c] = merge(totals[k].get(c), t)
+    totals = in_rounds(urls, urls, prompts, s, concurrencies, progress, rounds)
     return totals.pop(0), totals
 
 

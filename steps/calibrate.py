@@ -107,21 +107,12 @@ def run(args: argparse.Namespace) -> int:
 
 def encode(args, limit: int, max_new: int):
     """The prompts as token ids (as evaluate sends them) and the prompt file's digest."""
-    from transformers import AutoTokenizer
-
-    from drafter.config import TargetConfig
-    from drafter.evaluation import encode_prompts
+    from drafter.evaluation import encode_prompts, target_tokenizer
     from drafter.prompts import file_digest, read_prompts
 
     path = Path(args.prompts)
     records = read_prompts(path, limit)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(args.target)
-    except (OSError, ValueError) as exc:
-        raise BadInput(
-            f"{args.target}: no tokenizer to encode the prompts ({str(exc).splitlines()[0][:120]})"
-        ) from None
-    context = int(TargetConfig.from_file(args.target).text_config.get("max_position_embeddings", 4096))
+    tokenizer, context = target_tokenizer(args.target)
     ids, _ = encode_prompts(tokenizer, records, context, max_new, 64)
     args._tokenizer, args._context = tokenizer, context
     return [p.tolist() for p in ids], file_digest(path)

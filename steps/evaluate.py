@@ -343,9 +343,7 @@ def check_engine_reachable(engine: str, endpoint: str | None, python: str | None
 
 def serve_and_measure(args, engine, endpoint, folder, records, k, max_new, temperature, seed, online):
     """The drafter on a serving engine, checked against the project's own decoding when it ran."""
-    from transformers import AutoTokenizer
-
-    from drafter.evaluation import encode_prompts, stop_token
+    from drafter.evaluation import encode_prompts, stop_token, target_tokenizer
     from engines import harness
     from engines.vllm import Settings
     from steps._cli import integer
@@ -358,15 +356,7 @@ def serve_and_measure(args, engine, endpoint, folder, records, k, max_new, tempe
             handed = [int(x) for x in args.handed_aux_ids.split(",")]
         except ValueError:
             raise BadInput(f"--handed_aux_ids must be comma-separated integers, got {args.handed_aux_ids!r}") from None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(args.target)
-    except (OSError, ValueError) as exc:
-        raise BadInput(
-            f"{args.target}: no tokenizer to encode the prompts ({str(exc).splitlines()[0][:120]})"
-        ) from None
-    from drafter.config import TargetConfig
-
-    context = int(TargetConfig.from_file(args.target).text_config.get("max_position_embeddings", 4096))
+    tokenizer, context = target_tokenizer(args.target)
     prompts, _ = encode_prompts(tokenizer, records, context, max_new, k)
     settings = Settings(
         k=k, max_new_tokens=max_new, temperature=temperature, seed=seed, stop_token_id=stop_token(tokenizer),
