@@ -130,6 +130,9 @@ def from_speculators(src: str | Path, out: str | Path) -> Path:
     where = str(src / "config.json")
     cfg = project_config(read_json(src / "config.json"), where)
     header = read_header(src)
+    mixed = sorted(n for n in header if n.startswith(PROJECT_LAYER))
+    if mixed:
+        raise BadInput(f"{src}: tensor '{mixed[0]}' has the project's name inside a speculators folder (layers.0.)")
     other_layers = sorted(
         {n.split(".")[1] for n in header if n.startswith("layers.") and not n.startswith("layers.0.")}
     )

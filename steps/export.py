@@ -46,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(none_if_empty(args.out) or "")
     if not none_if_empty(args.out):
         raise BadInput("--out must name the folder to write")
+    if any(ch in str(out.resolve()) for ch in "\"'\\\n$`"):  # serve.sh and the JSON it passes name the folder
+        raise BadInput(f"--out {out}: a folder name with quotes, backslashes, $ or backticks cannot be served safely")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise BadInput(f"--out {out} exists and is not an empty folder")
     if not args.model.startswith("models:/"):

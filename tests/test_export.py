@@ -95,6 +95,17 @@ def test_what_the_project_drafter_is_not_is_refused_by_name(tmp_path, flags, wor
     assert not (tmp_path / "out").exists()
 
 
+def test_project_names_inside_a_speculators_folder_are_refused(tmp_path):
+    """A `midlayer.` tensor beside `layers.0.` would be overwritten by the renamed one: refused, not merged."""
+    folder = hand_written_speculators(tmp_path / "spec", 300)
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["midlayer.input_layernorm.weight"] = tensors["layers.0.input_layernorm.weight"] * 0
+    save_file(tensors, str(folder / "model.safetensors"))
+    with pytest.raises(BadInput, match="has the project's name inside a speculators folder"):
+        from_speculators(folder, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_missing_norm_before_residual_is_refused(tmp_path):
     folder = hand_written_speculators(tmp_path / "spec", 300)
     raw = json.loads((folder / "config.json").read_text())
@@ -187,13 +198,18 @@ def test_export_bad_input_is_one_line_and_writes_nothing(promoted):
         (["--model", "models:/k25-tiny-eagle3/2", "--out", str(tmp / "x2")], "holds no serving alias"),
         (["--target", mini, "--out", str(tmp / "x3")], "has no shape-gate pass against"),
         (["--model", str(tmp / "d1"), "--out", str(tmp / "x4")], "--model must be a registry URI"),
+        (["--out", str(tmp / "x5'$(reboot)")], "cannot be served safely"),
     ]
     for args, words in cases:
         args = ["--model", "models:/k25-tiny-eagle3@staging", *args] if "--model" not in args else args
         done = run_step("export", args, tmp)
         assert done.returncode == 2 and words in done.stderr, (args, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1
-    assert not any((tmp / f"x{i}").exists() for i in range(1, 5)) and (taken / "mine.txt").read_text() == "keep"
+    assert (
+        not any((tmp / f"x{i}").exists() for i in range(1, 5))
+        and not (tmp / "x5'$(reboot)").exists()
+        and (taken / "mine.txt").read_text() == "keep"
+    )
     assert [p.name for p in taken.iterdir()] == ["mine.txt"]
     assert not [p for p in tmp.iterdir() if p.name.startswith(".x")]  # no half-written staging folder left
     after = len(
