@@ -112,12 +112,17 @@ def project_config(raw: dict[str, Any], where: str) -> DrafterConfig:
             f"{where}: no 'eagle_aux_hidden_state_layer_ids': vLLM would feed the target's default layers, which "
             "the folder does not name"
         )
-    convention = str(raw.get(aux_layers.CONVENTION_KEY, "vllm"))  # a speculators folder is read by vLLM
+    convention = raw.get(aux_layers.CONVENTION_KEY, "vllm")
+    if convention != "vllm":  # vLLM reads every speculators folder its own way, whatever the folder says
+        raise BadInput(f"{where}: '{aux_layers.CONVENTION_KEY}' is {convention!r}; vLLM reads these ids as 'vllm'")
+    extra = raw.get("drafterops_eagle_config") or {}
+    if not isinstance(extra, dict) or extra.get("use_aux_hidden_state", True) is not True:
+        raise BadInput(f"{where}: 'drafterops_eagle_config' must be a mapping that keeps use_aux_hidden_state true")
     if "draft_vocab_size" not in raw:
         raise BadInput(f"{where}: missing field 'draft_vocab_size'")
     project = {key: v for key, v in layer.items() if key not in TOP_LEVEL}
-    eagle = {"use_aux_hidden_state": True, **(raw.get("drafterops_eagle_config") or {})}
-    eagle["eagle_aux_hidden_state_layer_ids"] = aux_layers.project_ids(handed, convention)
+    eagle = {"use_aux_hidden_state": True, **extra}
+    eagle["eagle_aux_hidden_state_layer_ids"] = aux_layers.project_ids(handed, "vllm")
     project.update(architectures=[ARCHITECTURE], eagle_config=eagle, draft_vocab_size=raw["draft_vocab_size"])
     if raw.get("target_hidden_size") is not None:
         project["target_hidden_size"] = raw["target_hidden_size"]

@@ -44,7 +44,7 @@ def served_target(target: str | Path, engine: str) -> str:
     path = Path(target)
     if READS_AS[engine] == "vllm" and path.is_dir():
         return str(engine_view(path, environment.views_dir()))
-    return str(target)
+    return str(path.resolve()) if path.exists() else str(target)  # a local folder by its absolute path
 
 
 def write(src: Path, out: Path, engine: str, k: int, target: str | Path, handed_ids: list[int] | None = None):
@@ -138,7 +138,7 @@ def _word(arg: str, variables: dict[str, str]) -> str:
             return f'"{var}"'
     quoted = shlex.quote(arg)
     for path, var in variables.items():
-        if path and path in arg:
+        if path.startswith("/") and len(path) > 1 and path in arg:  # a whole absolute path inside a word (JSON)
             quoted = quoted.replace(path, f"'\"{var}\"'" if quoted.startswith("'") else f'"{var}"')
     return quoted
 

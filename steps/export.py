@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from drafter.errors import BadInput
-from steps._cli import integer, log_params, none_if_empty, parser, run_step, step_run
+from steps._cli import log_params, none_if_empty, parser, run_step, step_run
 
 SERVING = ("production", "staging")
 
@@ -46,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(none_if_empty(args.out) or "")
     if not none_if_empty(args.out):
         raise BadInput("--out must name the folder to write")
+    if out.is_symlink() or any(p.is_file() for p in out.resolve().parents):
+        raise BadInput(f"--out {out}: a link, or under a file: give a plain folder path")
     if any(ch in str(out.resolve()) for ch in "\"'\\\n$`"):  # serve.sh and the JSON it passes name the folder
         raise BadInput(f"--out {out}: a folder name with quotes, backslashes, $ or backticks cannot be served safely")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -69,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput(f"models:/{mv.name}/{mv.version} has no shape-gate pass against {target}: {bad}")
     evidence_run, decided_k = decision_of(c, mv.name, aliases)
     if none_if_empty(args.draft_steps):
-        k = integer(args.draft_steps, "draft_steps", 1)
+        k = depth(args.draft_steps)
     elif decided_k:
         k = decided_k
     else:
@@ -110,6 +112,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"export: models:/{mv.name}/{mv.version} ({', '.join(aliases) or 'no serving alias'}) for {args.engine} "
           f"at k={k} -> {out}\n  serve it: {out / 'serve.sh'}")  # fmt: skip
     return 0
+
+
+def depth(value: str) -> int:
+    """A draft depth: a whole number from 1 to 64 (2.7, nan, inf and 1e9 are bad input, not rounded)."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not (1 <= number <= 64) or number != int(number):
+        raise BadInput(f"--draft_steps must be a whole number from 1 to 64, got {value!r}")
+    return int(number)
 
 
 def decision_of(c, name: str, aliases: list[str]) -> tuple[str, int | None]:

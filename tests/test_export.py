@@ -85,6 +85,9 @@ def hand_written_speculators(folder: Path, vocab: int, **flags) -> Path:
         ({"norm_before_residual": True}, "'norm_before_residual' is True"),
         ({"speculators_model_type": "dflash"}, "speculators_model_type is 'dflash'"),
         ({"eagle_aux_hidden_state_layer_ids": None}, "no 'eagle_aux_hidden_state_layer_ids'"),
+        ({"drafterops_aux_layer_convention": "sglang"}, "vLLM reads these ids as 'vllm'"),
+        ({"drafterops_eagle_config": [1]}, "'drafterops_eagle_config' must be a mapping"),
+        ({"drafterops_eagle_config": {"use_aux_hidden_state": False}}, "keeps use_aux_hidden_state true"),
     ],
 )
 def test_what_the_project_drafter_is_not_is_refused_by_name(tmp_path, flags, words):
@@ -191,6 +194,9 @@ def test_export_bad_input_is_one_line_and_writes_nothing(promoted):
     taken = tmp / "taken"
     taken.mkdir()
     (taken / "mine.txt").write_text("keep")
+    (tmp / "empty").mkdir(exist_ok=True)
+    link = tmp / "link"
+    link.symlink_to(tmp / "empty")
     mini = str(ROOT / "miniworld" / "k2.5-mini")
     cases = [
         (["--engine", "trt", "--out", str(tmp / "x1")], "--engine must be one of sglang, vllm, speculators"),
@@ -199,6 +205,11 @@ def test_export_bad_input_is_one_line_and_writes_nothing(promoted):
         (["--target", mini, "--out", str(tmp / "x3")], "has no shape-gate pass against"),
         (["--model", str(tmp / "d1"), "--out", str(tmp / "x4")], "--model must be a registry URI"),
         (["--out", str(tmp / "x5'$(reboot)")], "cannot be served safely"),
+        (["--out", str(tmp / "x6"), "--draft_steps", "2.7"], "--draft_steps must be a whole number from 1 to 64"),
+        (["--out", str(tmp / "x7"), "--draft_steps", "inf"], "--draft_steps must be a whole number"),
+        (["--out", str(tmp / "x8"), "--draft_steps", "1e9"], "--draft_steps must be a whole number"),
+        (["--out", str(taken / "mine.txt" / "sub")], "under a file"),
+        (["--out", str(link)], "a link"),
     ]
     for args, words in cases:
         args = ["--model", "models:/k25-tiny-eagle3@staging", *args] if "--model" not in args else args
