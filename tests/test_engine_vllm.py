@@ -207,7 +207,7 @@ def test_serve_sh_as_written_starts_a_server_that_drafts(store, vllm_python, tmp
     tmp, env = store
     out = tmp_path / "export"
     cmd = [sys.executable, "-m", "steps.export", "--model", "models:/k2.5-mini-eagle3/2", "--engine", "vllm",
-           "--out", str(out), "--any_version", "yes"]  # fmt: skip
+           "--out", str(out), "--any_version", "yes", "--draft_steps", "2"]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     port = free_port()
