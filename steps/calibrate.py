@@ -94,36 +94,29 @@ def run(args: argparse.Namespace) -> int:
     plain_url = (none_if_empty(args.plain_endpoint) or "").rstrip("/")
     if bool(endpoints) != bool(plain_url):
         raise BadInput("--endpoint (speculative servers) and --plain_endpoint go together")
-    prompts, records_digest = encode(args, limit, max_new)
+    prompts, records_digest, s = encode(args, limit, max_new)
     t0 = time.time()
     if endpoints:
-        plain, spec, measured = time_endpoints(args, endpoints, plain_url, prompts, loads, max_new)
+        plain, spec, measured = time_endpoints(args, endpoints, plain_url, prompts, loads, s)
         logs = []
     else:
-        plain, spec, measured, logs = time_launched(args, prompts, loads, max_new)
+        plain, spec, measured, logs = time_launched(args, prompts, loads, s)
     measured["prompts_count"] = len(prompts)
     return write_and_log(args, out, source, loads, shares, plain, spec, measured, records_digest, logs, t0)
 
 
 def encode(args, limit: int, max_new: int):
-    """The prompts as token ids (as evaluate sends them) and the prompt file's digest."""
-    from drafter.evaluation import encode_prompts, target_tokenizer
+    """The prompts as token ids (as evaluate sends them), the prompt file's digest, and the request settings."""
+    from drafter.evaluation import encode_prompts, stop_token, target_tokenizer
     from drafter.prompts import file_digest, read_prompts
+    from engines.vllm import Settings
 
     path = Path(args.prompts)
     records = read_prompts(path, limit)
     tokenizer, context = target_tokenizer(args.target)
     ids, _ = encode_prompts(tokenizer, records, context, max_new, 64)
-    args._tokenizer, args._context = tokenizer, context
-    return [p.tolist() for p in ids], file_digest(path)
-
-
-def settings(args, max_new: int):
-    from drafter.evaluation import stop_token
-    from engines.vllm import Settings
-
-    return Settings(k=1, max_new_tokens=max_new, stop_token_id=stop_token(args._tokenizer),
-                    max_model_len=args._context)  # fmt: skip
+    s = Settings(k=1, max_new_tokens=max_new, stop_token_id=stop_token(tokenizer), max_model_len=context)
+    return [p.tolist() for p in ids], file_digest(path), s
 
 
 def progress_bar(args, steps: int):
@@ -142,7 +135,7 @@ def progress_bar(args, steps: int):
     return bar, step
 
 
-def time_launched(args, prompts, loads, max_new):
+def time_launched(args, prompts, loads, s):
     """One plain server and one speculative server per depth, launched here."""
     import tempfile
 
@@ -162,7 +155,6 @@ def time_launched(args, prompts, loads, max_new):
     workdir = Path(tempfile.mkdtemp(prefix="drafterops-calibrate-"))
     exported = export.write(Path(folder), workdir / "drafter-vllm", "vllm", depths[-1], args.target)
     served = calibration.Served(python, version, Path(exported.target), exported.folder, workdir)
-    s = settings(args, max_new)
     rounds = integer(args.rounds, "rounds", 1)
     bar, step = progress_bar(args, (1 + len(depths)) * (1 + rounds * len(loads)))
     try:
@@ -190,7 +182,7 @@ def time_launched(args, prompts, loads, max_new):
     return plain, spec, measured, logs
 
 
-def time_endpoints(args, endpoints, plain_url, prompts, loads, max_new):
+def time_endpoints(args, endpoints, plain_url, prompts, loads, s):
     """Servers the user runs: each speculative one's depth read from its counters (or --draft_steps)."""
     from engines import calibration, vllm
 
@@ -210,9 +202,7 @@ def time_endpoints(args, endpoints, plain_url, prompts, loads, max_new):
     rounds = integer(args.rounds, "rounds", 1)
     bar, step = progress_bar(args, (1 + len(depths)) * len(loads) * rounds)
     try:
-        plain, spec = calibration.measure_endpoints(
-            depths, plain_url, prompts, settings(args, max_new), loads, step, rounds
-        )
+        plain, spec = calibration.measure_endpoints(depths, plain_url, prompts, s, loads, step, rounds)
         bar.update()
     finally:
         bar.close()
