@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from drafter.checkpoint import DTYPES, parse_header_bytes
 from drafter.config import read_json
@@ -324,17 +324,25 @@ class HiddenStateDataset:
         si, j = self.locations[i]
         return self._shard(si).sample(j)
 
-    def _head_file(self) -> dict[str, torch.Tensor]:
+    def _head_tensor(self, name: str) -> torch.Tensor | None:
+        """One tensor of the target's head file (the lm_head and the embedding are each V x H: a
+        caller that needs one never holds both)."""
+        from safetensors import safe_open
+
         path = self.folder / self.index.get("head_file", HEAD_FILE)
         if not path.is_file():
             raise BadInput(f"{path}: the target's lm_head is missing from the dataset")
-        return load_file(str(path))
+        with safe_open(str(path), framework="pt") as fh:
+            return fh.get_tensor(name) if name in set(fh.keys()) else None
 
     def target_head(self) -> torch.Tensor:
-        return self._head_file()["lm_head.weight"]
+        head = self._head_tensor("lm_head.weight")
+        if head is None:
+            raise BadInput(f"{self.folder}: the dataset's head file has no lm_head.weight")
+        return head
 
     def target_embedding(self) -> torch.Tensor | None:
-        return self._head_file().get("embed_tokens.weight")
+        return self._head_tensor("embed_tokens.weight")
 
 
 class SpecForgeDataset:
@@ -437,6 +445,8 @@ class Batch:
     aux_hidden: torch.Tensor  # [B, T, 3H] float32
     last_hidden: torch.Tensor  # [B, T, H] float32
     target_token: torch.Tensor  # [B, T] int64
+    position_ids: torch.Tensor | None = None  # [B, T] when rows hold packed samples (drafter/packing.py)
+    segment_ids: torch.Tensor | None = None  # [B, T] the sample each position belongs to; pad -1
 
     @property
     def num_tokens(self) -> int:

@@ -13,10 +13,21 @@ import torch
 import torch.nn.functional as F
 
 
-def pred_mask_from_loss_mask(loss_mask: torch.Tensor) -> torch.Tensor:
-    """loss_mask[p] marks assistant token p; the prediction made at p-1 is what is trained."""
-    out = torch.zeros_like(loss_mask, dtype=torch.bool)
-    out[..., :-1] = loss_mask[..., 1:].bool()
+def pred_mask_from_loss_mask(loss_mask: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """loss_mask[p] marks assistant token p; the prediction made at p-1 is what is trained (never
+    across two packed samples)."""
+    return shifted(loss_mask.bool(), 1, segment_ids)
+
+
+def shifted(mask: torch.Tensor, shift: int, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """out[..., t] = mask[..., t + shift] where t + shift lies in the same sample as t (else False):
+    what TTT step shift-1 at position t is scored on."""
+    t = mask.shape[-1]
+    out = torch.zeros_like(mask, dtype=torch.bool)
+    if shift < t:
+        out[..., : t - shift] = mask[..., shift:]
+        if segment_ids is not None:
+            out[..., : t - shift] &= segment_ids[..., shift:] == segment_ids[..., : t - shift]
     return out
 
 
@@ -74,6 +85,7 @@ def ttt_loss(
     decay: float = 0.8,
     denominators: torch.Tensor | None = None,
     world_size: int = 1,
+    segment_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor], StepStats]:
     """Soft cross-entropy per step, weighted decay**j. Positions whose target token lies outside the
     draft vocabulary carry no loss (the drafter cannot propose it) but count as rejections in the
@@ -84,7 +96,8 @@ def ttt_loss(
     over ranks then equal those of one rank holding the whole global batch.
 
     step_logits[j]: [B, T, Vd]; target_logits_d: [B, T, Vd]; target_token: [B, T] target ids;
-    pred_mask: [B, T] bool. Returns (loss, per-step losses, counts).
+    pred_mask: [B, T] bool; segment_ids: [B, T] for packed rows (a step is never scored across two
+    samples). Returns (loss, per-step losses, counts).
     """
     b, t = target_token.shape
     counted_all = pred_mask.bool()  # every position the target verifies
@@ -97,15 +110,13 @@ def ttt_loss(
     alive = torch.ones(b, t, dtype=torch.bool, device=target_token.device)  # chain still correct
     for j, logits in enumerate(step_logits):
         shift = j + 1
-        n = t - shift
-        valid = torch.zeros(b, t, dtype=torch.bool, device=target_token.device)
-        counted = torch.zeros_like(valid)
-        if n > 0:
-            valid[:, :n] = valid_all[:, shift:]
-            counted[:, :n] = counted_all[:, shift:]
+        n = min(t - shift, logits.shape[1])  # a step's logits may stop before T: nothing after is scored
+        counted = shifted(counted_all, shift, segment_ids)  # a position past short logits counts as a miss
+        valid = shifted(valid_all, shift, segment_ids)
+        valid[:, max(n, 0) :] = False
         logp = F.log_softmax(logits.float(), dim=-1)
         if n > 0:
-            ce = -(target_probs[:, shift:] * logp[:, :n]).sum(-1)  # [B, n]
+            ce = -(target_probs[:, shift : shift + n] * logp[:, :n]).sum(-1)  # [B, n]
             m = valid[:, :n].float()
             if denominators is None:
                 step_loss = (ce * m).sum() / m.sum().clamp(min=1.0)
@@ -118,8 +129,8 @@ def ttt_loss(
         with torch.no_grad():
             hit = torch.zeros(b, t, dtype=torch.bool, device=target_token.device)
             if n > 0:
-                draft = logits[:, :n].argmax(-1)
-                hit[:, :n] = (draft + d2t[draft]) == target_token[:, shift:].long()
+                draft = logp[:, :n].argmax(-1)  # float32: faster than a bf16 argmax, the same order
+                hit[:, :n] = (draft + d2t[draft]) == target_token[:, shift : shift + n].long()
             hit &= valid
             correct[j] = hit.sum()
             total[j] = counted.sum()
@@ -131,11 +142,12 @@ def ttt_loss(
 
 
 def loss_positions(
-    target_token: torch.Tensor, pred_mask: torch.Tensor, t2d: torch.Tensor, n_steps: int
+    target_token: torch.Tensor,
+    pred_mask: torch.Tensor,
+    t2d: torch.Tensor,
+    n_steps: int,
+    segment_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[n_steps] positions that carry loss at each TTT step (what ttt_loss divides by)."""
     valid_all = pred_mask.bool() & t2d[target_token.long()]
-    t = target_token.shape[1]
-    return torch.stack(
-        [valid_all[:, j + 1 :].sum() if j + 1 < t else valid_all.new_zeros(()).sum() for j in range(n_steps)]
-    ).float()
+    return torch.stack([shifted(valid_all, j + 1, segment_ids).sum() for j in range(n_steps)]).float()

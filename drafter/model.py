@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from drafter.config import DrafterConfig
+from drafter.loss import shifted
 from drafter.rope import RopeSpec
 
 
@@ -116,19 +117,19 @@ class MidLayer(nn.Module):
 
 
 def _step_positions(
-    pred_mask: torch.Tensor | None, steps: int, b: int, t: int, device: torch.device
+    pred_mask: torch.Tensor | None,
+    steps: int,
+    b: int,
+    t: int,
+    device: torch.device,
+    segment_ids: torch.Tensor | None = None,
 ) -> tuple[list[torch.Tensor | None], list[torch.Tensor]]:
     """(where each TTT step is scored, where each step must run). Step j at position t is scored
-    against the prediction at t+j+1; a step runs where it or any later step is scored."""
+    against the prediction at t+j+1 of the same sample; a step runs where it or a later step is scored."""
     if pred_mask is None:
         every = torch.ones(b, t, dtype=torch.bool, device=device)
         return [None] * steps, [every] * steps
-    scored = []
-    for j in range(steps):
-        s = torch.zeros(b, t, dtype=torch.bool, device=device)
-        if j + 1 < t:
-            s[:, : t - j - 1] = pred_mask[:, j + 1 :].bool()
-        scored.append(s)
+    scored = [shifted(pred_mask.bool(), j + 1, segment_ids) for j in range(steps)]
     needed, acc = [], torch.zeros(b, t, dtype=torch.bool, device=device)
     for s in reversed(scored):
         acc = acc | s
@@ -136,21 +137,31 @@ def _step_positions(
     return scored, needed[::-1]
 
 
-def _compact(mask: torch.Tensor) -> torch.Tensor:
-    """[B, M] positions per row: the row's True positions in order, then (to pad rows to the longest,
-    M) positions that are False, whose results nothing reads. M >= 1."""
+Rows = torch.Tensor | int  # [B, M] positions per row, or M for the prefix 0..M-1 of every row
+
+
+def _compact(mask: torch.Tensor) -> Rows:
+    """The positions each row computes: M when every row's True positions lie in 0..M-1 (a plain
+    slice; the usual case at step 0 and when every position is trained), else [B, M] positions per
+    row, the row's True positions in order, then (to pad rows to the longest, M) positions that are
+    False, whose results nothing reads. M >= 1."""
     b, t = mask.shape
     m = max(int(mask.sum(1).max()), 1)
-    if m == t:
-        return torch.arange(t, device=mask.device)[None].expand(b, t)
+    ends = torch.where(mask.any(1), t - mask.flip(1).long().argmax(1), 0)  # last True position + 1
+    if int(ends.max()) <= m:
+        return m
     key = (~mask).long() * t + torch.arange(t, device=mask.device)[None]
     return torch.argsort(key, dim=1)[:, :m]
 
 
-def _take(x: torch.Tensor, rows: torch.Tensor, dim: int) -> torch.Tensor:
-    """x gathered at positions `rows` [B, M] along `dim` (1 for [B, T, ...], 2 for [B, h, T, d])."""
-    if rows.shape[1] == x.shape[dim]:
-        return x
+def _count(rows: Rows) -> int:
+    return rows if isinstance(rows, int) else rows.shape[1]
+
+
+def _take(x: torch.Tensor, rows: Rows, dim: int) -> torch.Tensor:
+    """x at positions `rows` along `dim` (1 for [B, T, ...], 2 for [B, h, T, d])."""
+    if isinstance(rows, int):
+        return x if rows == x.shape[dim] else x.narrow(dim, 0, rows)
     shape = list(rows.shape) if dim == 1 else [rows.shape[0], 1, rows.shape[1]]
     index = rows.view(*shape, *([1] * (x.dim() - len(shape)))).expand(
         *x.shape[:dim], rows.shape[1], *x.shape[dim + 1 :]
@@ -158,10 +169,11 @@ def _take(x: torch.Tensor, rows: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.gather(x, dim, index)
 
 
-def _put(full: torch.Tensor, part: torch.Tensor, rows: torch.Tensor, dim: int) -> torch.Tensor:
+def _put(full: torch.Tensor, part: torch.Tensor, rows: Rows, dim: int) -> torch.Tensor:
     """`full` with `part` written at positions `rows` along `dim` (a new tensor; autograd-safe)."""
-    if rows.shape[1] == full.shape[dim]:
-        return part
+    if isinstance(rows, int):
+        rest = full.shape[dim] - rows
+        return part if rest == 0 else torch.cat([part, full.narrow(dim, rows, rest)], dim=dim)
     shape = list(rows.shape) if dim == 1 else [rows.shape[0], 1, rows.shape[1]]
     index = rows.view(*shape, *([1] * (part.dim() - len(shape)))).expand_as(part)
     return full.scatter(dim, index, part)
@@ -229,6 +241,8 @@ class Eagle3Drafter(nn.Module):
         ttt_length: int = 1,
         noise_std: float = 0.0,
         pred_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
     ) -> list[torch.Tensor]:
         """Unrolled TTT forward; returns draft-vocab logits [B, T, Vd] for each step.
 
@@ -239,19 +253,28 @@ class Eagle3Drafter(nn.Module):
         With `pred_mask` (the positions whose prediction is trained, as ttt_loss reads them), a step
         computes only what the loss or a later step reads: step j's logits where step j is scored,
         its attention and MLP where step j or a later one is (a prompt position is never scored, so
-        only step 0's keys and values cover it). The logits elsewhere are 0 and carry no gradient.
+        only step 0's keys and values cover it). The logits elsewhere are 0 and carry no gradient, or
+        are left off: a step's logits may be shorter than T when no later position is scored.
+
+        Packed rows (drafter/packing.py) pass `position_ids` (restarting per sample) and `segment_ids`:
+        a position attends only to its own sample, and no step is scored across two samples.
         """
         b, t = input_ids.shape
+        if segment_ids is not None and b > 1:
+            return self._each_row(input_ids, aux_hidden, attention_mask, ttt_length, noise_std, pred_mask,
+                                  position_ids, segment_ids)  # fmt: skip
         dtype = self.fc.weight.dtype
         if noise_std > 0:
             aux_hidden = aux_hidden + noise_std * torch.randn_like(aux_hidden)
         hidden = self.fc(aux_hidden.to(dtype))
         device = input_ids.device
-        pos = torch.arange(t, device=device)[None].expand(b, t)
+        pos = torch.arange(t, device=device)[None].expand(b, t) if position_ids is None else position_ids
         key_ok = torch.ones(b, t, dtype=torch.bool, device=device) if attention_mask is None else attention_mask.bool()
         causal = torch.tril(torch.ones(t, t, dtype=torch.bool, device=device))
         allowed0 = causal[None] & key_ok[:, None, :]  # [B, Tq, Tk]
-        scored, needed = _step_positions(pred_mask, ttt_length, b, t, device)
+        if segment_ids is not None:
+            allowed0 = allowed0 & (segment_ids[:, :, None] == segment_ids[:, None, :])
+        scored, needed = _step_positions(pred_mask, ttt_length, b, t, device, segment_ids)
         attn = self.midlayer.self_attn
         scale = 1.0 / math.sqrt(attn.head_dim)
         keys0 = values0 = None
@@ -278,19 +301,52 @@ class Eagle3Drafter(nn.Module):
             scores = torch.matmul(q, keys0.transpose(-1, -2)) * scale  # [B, h, M, T]
             scores = scores.masked_fill(~_take(allowed0, rows, dim=1)[:, None], torch.finfo(scores.dtype).min)
             diag = [(q * _take(dk, rows, dim=2)).sum(-1, keepdim=True) * scale for dk in diag_k]  # [B, h, M, 1]
-            probs = torch.softmax(torch.cat([scores, *diag], dim=-1).float(), dim=-1).to(q.dtype)
+            probs = torch.softmax(torch.cat([scores, *diag], dim=-1), dim=-1, dtype=torch.float32).to(q.dtype)
             out = torch.matmul(probs[..., :t], values0)
             for i, dv in enumerate(diag_v):
                 out = out + probs[..., t + i : t + i + 1] * _take(dv, rows, dim=2)
-            out = out.transpose(1, 2).reshape(b, rows.shape[1], -1)
+            out = out.transpose(1, 2).reshape(b, _count(rows), -1)
             hidden = _put(hidden, self.midlayer.finish(out, _take(hidden, rows, dim=1)), rows, dim=1)
             if scored[j] is None:
                 outs.append(self.logits(hidden))
             else:
                 at = _compact(scored[j])
                 logits = self.logits(_take(hidden, at, dim=1))
-                outs.append(_put(logits.new_zeros(b, t, logits.shape[-1]), logits, at, dim=1))
+                if isinstance(at, int):  # scored positions all lie in 0..at-1: no zero tail to build
+                    outs.append(logits)
+                else:
+                    outs.append(_put(logits.new_zeros(b, t, logits.shape[-1]), logits, at, dim=1))
         return outs
+
+    def _each_row(self, input_ids, aux_hidden, attention_mask, ttt_length, noise_std, pred_mask, position_ids,
+                  segment_ids) -> list[torch.Tensor]:  # fmt: skip
+        """Packed rows one at a time, each cut to its content: the positions a step computes are then
+        exactly its own (rows of a batch are never padded to the busiest row's count, and trailing pad
+        positions cost nothing). Logits come back as [B, T, Vd], zero where nothing is scored."""
+        b, t = input_ids.shape
+        lengths = attention_mask.sum(1).tolist() if attention_mask is not None else [t] * b
+        per_row = []
+        for r, n in enumerate(lengths):
+            n = max(int(n), 1)
+
+            def cut(x: torch.Tensor | None, r: int = r, n: int = n) -> torch.Tensor | None:
+                return None if x is None else x[r : r + 1, :n]
+
+            per_row.append(
+                self.forward(
+                    cut(input_ids),
+                    cut(aux_hidden),
+                    cut(attention_mask),
+                    ttt_length,
+                    noise_std,
+                    cut(pred_mask),
+                    cut(position_ids),
+                    cut(segment_ids),
+                )  # fmt: skip
+            )
+        return [
+            torch.cat([F.pad(rows[j], (0, 0, 0, t - rows[j].shape[1])) for rows in per_row]) for j in range(ttt_length)
+        ]
 
     # ------------------------------------------------------------------ decoding
     def _step(

@@ -28,6 +28,7 @@ from drafter.data import collate, split_indices, token_counts
 from drafter.errors import BadInput
 from drafter.loss import StepStats, loss_positions, pred_mask_from_loss_mask, target_draft_logits, ttt_loss
 from drafter.model import Eagle3Drafter
+from drafter.packing import collate_packed
 from drafter.vocab import build_vocab_maps
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "deepspeed"
@@ -68,6 +69,7 @@ class TrainConfig:
     ds_overrides: dict[str, Any] = field(default_factory=dict)
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0  # 0: checkpoint at every validation
+    packing: bool = True  # pack a batch's samples into rows (drafter/packing.py); False pads each to the longest
 
     def to_params(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k not in ("ds_overrides", "checkpoint_dir")}
@@ -232,14 +234,16 @@ def offline_stats(
     total = None
     dtype = next(model.parameters()).dtype
     for start in range(0, len(indices), batch_size):
-        batch = collate([dataset[i] for i in indices[start : start + batch_size]], max_len)
-        mask = pred_mask_from_loss_mask(batch.loss_mask) & batch.attention_mask
+        batch = collate_packed([dataset[i] for i in indices[start : start + batch_size]], max_len)
+        mask = pred_mask_from_loss_mask(batch.loss_mask, batch.segment_ids) & batch.attention_mask
         steps = model(
-            batch.input_ids, batch.aux_hidden.to(dtype), batch.attention_mask, ttt_length=ttt_length, pred_mask=mask
-        )
+            batch.input_ids, batch.aux_hidden.to(dtype), batch.attention_mask, ttt_length=ttt_length, pred_mask=mask,
+            position_ids=batch.position_ids, segment_ids=batch.segment_ids,
+        )  # fmt: skip
         _, _, stats = ttt_loss(
-            steps, target_draft_logits(batch.last_hidden, head_rows), batch.target_token, mask, model.t2d, model.d2t
-        )
+            steps, target_draft_logits(batch.last_hidden, head_rows), batch.target_token, mask, model.t2d, model.d2t,
+            segment_ids=batch.segment_ids,
+        )  # fmt: skip
         total = stats if total is None else total + stats
     model.train(was_training)
     return total
@@ -323,9 +327,10 @@ def train(
     )
     for step in bar:
         mine = rank_share(batch_indices(train_idx, cfg.batch_size, cfg.seed, step), rank, world)
-        batch = collate([dataset[i] for i in mine], cfg.max_len)
+        batch = (collate_packed if cfg.packing else collate)([dataset[i] for i in mine], cfg.max_len)
         aux = batch.aux_hidden.to(device, dtype)
-        mask = (pred_mask_from_loss_mask(batch.loss_mask) & batch.attention_mask).to(device)
+        segments = None if batch.segment_ids is None else batch.segment_ids.to(device)
+        mask = (pred_mask_from_loss_mask(batch.loss_mask, batch.segment_ids) & batch.attention_mask).to(device)
         steps = engine(
             batch.input_ids.to(device),
             aux,
@@ -333,9 +338,11 @@ def train(
             ttt_length=cfg.ttt_length,
             noise_std=cfg.noise_std,
             pred_mask=mask,  # compute only what the loss reads
+            position_ids=None if batch.position_ids is None else batch.position_ids.to(device),
+            segment_ids=segments,
         )
         target_token = batch.target_token.to(device)
-        counts = loss_positions(target_token, mask, engine.module.t2d, cfg.ttt_length)
+        counts = loss_positions(target_token, mask, engine.module.t2d, cfg.ttt_length, segments)
         step_tokens = torch.tensor([float(batch.num_tokens)])
         if world > 1:  # the loss is a mean over the global batch's positions, not each rank's
             dist.all_reduce(counts)
@@ -350,6 +357,7 @@ def train(
             decay=cfg.step_decay,
             denominators=counts,
             world_size=world,
+            segment_ids=segments,
         )
         shown = loss.detach().clone()
         if world > 1:  # the global batch's loss: the mean of the ranks' parts

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from drafter.errors import BadInput
+from drafter.memory_plan import GIB
 from drafter.train import TrainConfig
 from steps._cli import integer, log_params, none_if_empty, parser, run_step, step_run
 from steps.import_drafter import MINIWORLD
@@ -49,6 +50,14 @@ def build() -> argparse.ArgumentParser:
         help="seconds between trial heartbeats (RDB storages); a trial "
         "silent for 3 heartbeats is failed and retried by the next worker, from its last checkpoint",
     )
+    p.add_argument(
+        "--memory_limit_gib", default="auto",
+        help="memory one rank may use (auto: what the GPU or this host has free); checked before any data is read",
+    )  # fmt: skip
+    p.add_argument(
+        "--packing", default="yes", choices=["yes", "no"],
+        help="pack a batch's samples into rows (no: pad each to the batch's longest)",
+    )  # fmt: skip
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 
@@ -87,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     from drafter.data import HiddenStateDataset, split_indices
     from drafter.train import TrainingDiverged, ensure_distributed, is_rank0, load_ds_config, micro_batch
     from registry import naming
+    from tuning import memory
     from tuning import study as studies
     from tuning.ranks import follow_trials, lead_trials
     from tuning.register import default_name, prepare_init, register_best
@@ -112,12 +122,16 @@ def run(args: argparse.Namespace) -> int:
         ds_config=args.ds_config,
         val_every=integer(args.val_every, "val_every", 1),
         val_draft_steps=profile.draft_steps,
+        packing=args.packing == "yes",
     )
+    limit = memory.memory_limit(args.memory_limit_gib)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     micro_batch(int((fixed or {}).get("batch_size", base.batch_size)), world)  # divisible, before any work
-    load_ds_config(args.ds_config, base, max_steps)  # a config that does not parse fails before anything
+    ds_config = load_ds_config(args.ds_config, base, max_steps)  # a config that does not parse fails first
     space = load_space(args.search_space) if fixed is None else {}
     baseline = load_settings(args.baseline, space) if fixed is None and none_if_empty(args.baseline) else None
+    worst = memory.worst_case(base, space, fixed)
+    memory_plan = memory.check(memory.init_config(args.init, args.arch), worst, ds_config, world, limit)
     dataset = HiddenStateDataset(args.data)
     val_dataset = HiddenStateDataset(args.val_data) if none_if_empty(args.val_data) else None
     multi = world > 1  # under the deepspeed/torchrun launcher
@@ -171,8 +185,16 @@ def run(args: argparse.Namespace) -> int:
                 "checkpoints": shared.checkpoints, "name": name, "alias": alias, "heartbeat": args.heartbeat,
                 "val_draft_steps": profile.draft_steps, "sampler_seed": sampler_seed,
                 "tpe_startup_trials": studies.startup_trials(n_trials), "world_size": world,
+                "packing": args.packing, "memory_limit_gib": limit,
             }
         )  # fmt: skip
+        mlflow.log_dict(memory_plan.to_json(), "memory_plan.json")
+        mlflow.log_metrics(
+            {
+                "memory_plan_per_rank_gib": memory_plan.per_rank / GIB,
+                "memory_available_gib": memory_plan.available / GIB,
+            }
+        )
         mlflow.set_tags({"dataset_digest": dataset.digest, "optuna.study": study_name, "optuna.created": created})
         if multi:
             lead_trials(study, objective, n_trials)

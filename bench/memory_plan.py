@@ -1,0 +1,119 @@
+"""The memory plan against the measured peak: for drafters that fit this host, plan each run the way
+`finetune` does (from the config, before any data is read), then train two real DeepSpeed steps in
+the same fresh process and read its peak RSS. Then the plan for the real K2 drafter on this host.
+
+    python -m bench.memory_plan
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench._common import write_results
+from bench.synthetic import write_random_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RUN = """
+import json, resource, sys
+import deepspeed, torch  # what finetune holds when it plans
+from drafter.config import DrafterConfig
+from drafter.data import HiddenStateDataset
+from drafter.memory_plan import plan
+from drafter.train import TrainConfig, load_ds_config, scratch_drafter, train
+spec = json.loads(sys.argv[2])
+cfg = DrafterConfig(**spec["drafter"])
+tc = TrainConfig(**spec["train"])
+ds_cfg = load_ds_config(tc.ds_config, tc, tc.max_steps)
+p = plan(cfg, stage=ds_cfg["zero_optimization"]["stage"], bf16=ds_cfg["bf16"]["enabled"], world=1,
+         micro_batch=tc.batch_size, max_len=tc.max_len, ttt_length=tc.ttt_length)
+ds = HiddenStateDataset(sys.argv[1])
+model = scratch_drafter(cfg, ds, list(range(len(ds))))
+train(model, ds, tc, progress=False)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"plan": p.to_json(), "peak": peak}))
+"""
+
+CONFIGS = {
+    "mini (hidden 128, Vd 1024), 8 x 256": (
+        dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=4, head_dim=32,
+             vocab_size=4096, draft_vocab_size=1024, aux_layer_ids=[0, 1, 2]),
+        dict(batch_size=8, max_len=256),
+    ),
+    "medium (hidden 1024, Vd 8192), 4 x 512": (
+        dict(hidden_size=1024, intermediate_size=2816, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+             vocab_size=32000, draft_vocab_size=8192, aux_layer_ids=[0, 1, 2]),
+        dict(batch_size=4, max_len=512),
+    ),
+    "large (hidden 2048, Vd 16000), 2 x 1024": (
+        dict(hidden_size=2048, intermediate_size=5632, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+             vocab_size=64000, draft_vocab_size=16000, aux_layer_ids=[0, 1, 2]),
+        dict(batch_size=2, max_len=1024),
+    ),
+}  # fmt: skip
+
+
+def measure(folder: Path, drafter: dict, train: dict) -> dict:
+    spec = {"drafter": drafter, "train": {**train, "max_steps": 2, "ttt_length": 3, "val_every": 10**6,
+                                          "val_fraction": 0.0, "ds_config": "zero0"}}  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", RUN, str(folder), json.dumps(spec)], capture_output=True, text=True, cwd=ROOT
+    )
+    if out.returncode:
+        raise SystemExit(out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def k2_verdict() -> str:
+    """`finetune`'s own check for the real K2 drafter's config on this host: its one line."""
+    from drafter.config import DrafterConfig
+    from drafter.errors import BadInput
+    from drafter.train import TrainConfig, load_ds_config
+    from tuning.memory import check
+
+    cfg = DrafterConfig.from_file(ROOT / "configs" / "reference" / "kimi-k2-eagle3.config.json")
+    tc = TrainConfig(batch_size=1, max_len=2048, ttt_length=7)
+    lines = []
+    for name in ("zero0", "zero2"):
+        try:
+            p = check(cfg, tc, load_ds_config(name, tc, 1), 1, None)
+            lines.append(f"{name}: fits ({p.describe()})")
+        except BadInput as exc:
+            lines.append(f"{name}: exit 2, {exc}")
+    return " / ".join(lines)
+
+
+def main() -> None:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp_:
+        for label, (drafter, train) in CONFIGS.items():
+            h, v, t = drafter["hidden_size"], drafter["vocab_size"], train["max_len"]
+            folder = Path(tmp_) / f"ds-{h}"
+            write_random_dataset(folder, 2 * train["batch_size"], t=t, h=h, vocab=v, shard_tokens=4 * t)
+            r = measure(folder, drafter, train)
+            p, peak = r["plan"], r["peak"]
+            gib = 1024**3
+            rows.append(
+                {
+                    "config": label,
+                    "planned per rank": f"{p['per_rank'] / gib:.2f} GiB",
+                    "states / activations / runtime": f"{p['model_states'] / gib:.2f} / {p['activations'] / gib:.2f}"
+                    f" / {p['runtime'] / gib:.2f} GiB",
+                    "measured peak RSS": f"{peak / gib:.2f} GiB",
+                    "plan / measured": f"{p['per_rank'] / peak:.2f}",
+                }
+            )
+    notes = (
+        "ZeRO-0 fp32, TTT 3, every position trained, two DeepSpeed steps after the plan in one fresh process "
+        "(python -m bench.memory_plan). The real K2 drafter (configs/reference, 1.19 B trained parameters, "
+        f"1 x 2048 tokens, TTT 7) on this host: {k2_verdict()}"
+    )
+    print(write_results("memory_plan", rows, notes).read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""The memory a fine-tuning run needs per rank, worked out before launch from shapes alone.
+
+A 1.19 B-parameter drafter needs about 16 bytes per trained parameter under AdamW (weights, gradients,
+two moments, and fp32 master weights under bf16) before a single activation: a user should learn
+that it does not fit from a one-line refusal, not from a run that dies after an hour of capture.
+
+- Model states follow DeepSpeed's arithmetic (its `estimate_zero{2,3}_model_states_mem_needs`): per
+  trained parameter 16 bytes, of which ZeRO-1 partitions the optimizer states over the ranks, ZeRO-2
+  the gradients too, ZeRO-3 the weights as well; the frozen embedding (the target's) is held in the
+  training precision, partitioned only under ZeRO-3.
+- Activations are counted from the TTT forward (drafter/model.py) at the worst case the settings
+  allow: every sample as long as `max_len`, every position trained, each on its own row: per TTT step
+  the norms, projections, MLP and draft logits kept for backward, the attention probabilities per
+  row, the target's draft-vocabulary distribution, and the largest transients of the backward pass.
+- The runtime (interpreter, torch, DeepSpeed) is what this process holds when the plan is made, once
+  a one-parameter backward and AdamW step has paged in what every run pays for.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from drafter.config import DrafterConfig
+
+GIB = 1024**3
+STAGES = (0, 1, 2, 3)
+WORLDS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def parameter_counts(cfg: DrafterConfig) -> tuple[int, int]:
+    """(trained, frozen) parameters: the frozen one is the target's embedding."""
+    h, i, vd = cfg.hidden_size, cfg.intermediate_size, cfg.draft_vocab_size
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    layer = 2 * h * (q + 2 * kv) + q * h + 3 * h * i + 3 * h  # attention over [embed; hidden], MLP, 3 norms
+    trained = 3 * cfg.target_hidden * h + layer + h + h * vd  # fc, the layer, final norm, lm_head
+    return trained, cfg.vocab_size * h
+
+
+def model_state_bytes(trained: int, frozen: int, stage: int, bf16: bool, world: int) -> int:
+    """Per rank. fp32: weights 4 + gradients 4 + Adam moments 8; bf16: weights 2 + gradients 2 +
+    fp32 master weights and moments 12 (DeepSpeed's figures)."""
+    weights, grads, optim = (2, 2, 12) if bf16 else (4, 4, 8)
+    share = lambda nbytes, from_stage: nbytes / world if stage >= from_stage else nbytes  # noqa: E731
+    per = share(weights * trained, 3) + share(grads * trained, 2) + share(optim * trained, 1)
+    return int(per + share(weights * frozen, 3))
+
+
+def activation_bytes(cfg: DrafterConfig, rows: int, width: int, ttt: int, bf16: bool) -> int:
+    """Peak bytes of one micro-batch's forward kept for backward, plus the backward's transients."""
+    h, i, vd, ht = cfg.hidden_size, cfg.intermediate_size, cfg.draft_vocab_size, cfg.target_hidden
+    heads = cfg.num_attention_heads
+    q, kv = heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    a, f = (2 if bf16 else 4), 4  # activations in the autocast precision; norms, softmax and loss in fp32
+    n = rows * width
+    batch = n * (4 * (3 * ht + h) + 3 * 8 + 3) + (n * 3 * ht * a if bf16 else 0)  # collated batch (+ cast)
+    target = 2 * n * vd * f  # the target's draft-vocab logits and distribution
+    masks = rows * width * width + width * width  # allowed keys per row, causal
+    per_step_position = f * 7 * h + a * (5 * h + 2 * q + 2 * kv + 4 * i + vd) + f * vd
+    attention = rows * heads * width * width * (f + (a if bf16 else 0))  # probabilities (+ their cast)
+    per_step = n * per_step_position + attention
+    transients = 2 * n * vd * f + 2 * attention  # log-softmax and softmax backward
+    head_rows = vd * h * f  # the target's lm_head rows of the draft vocabulary, the loss's teacher
+    return int(batch + target + masks + ttt * per_step + n * a * h + transients + head_rows)
+
+
+def warmed_runtime_bytes() -> int:
+    """This process's RSS once the training machinery has run once (a one-parameter backward and
+    AdamW step page in the kernels and optimizer code every run pays for)."""
+    import torch
+
+    w = torch.zeros(8, requires_grad=True)
+    (w * 2).sum().backward()
+    torch.optim.AdamW([w]).step()
+    return current_rss_bytes()
+
+
+def current_rss_bytes() -> int:
+    """What this process holds now (Linux /proc; 0 where unknown)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def available_memory() -> tuple[int, str]:
+    """(bytes a rank can have, where): the smallest free GPU memory when training runs on GPUs,
+    else this host's available memory plus what this process already holds."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count():
+        free = min(torch.cuda.mem_get_info(d)[0] for d in range(torch.cuda.device_count()))
+        return free, f"GPU ({torch.cuda.get_device_name(0)})"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024 + current_rss_bytes(), "this host"
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") + current_rss_bytes(), "this host"
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    stage: int
+    bf16: bool
+    world: int
+    ranks_here: int  # ranks sharing the memory that was measured (all of them on one CPU host)
+    micro_batch: int
+    max_len: int
+    ttt_length: int
+    trained_params: int
+    frozen_params: int
+    model_states: int
+    activations: int
+    runtime: int
+    available: int
+    where: str
+
+    @property
+    def per_rank(self) -> int:
+        return self.model_states + self.activations + self.runtime
+
+    @property
+    def needed_here(self) -> int:
+        return self.per_rank * self.ranks_here
+
+    @property
+    def fits(self) -> bool:
+        return self.needed_here <= self.available
+
+    def describe(self) -> str:
+        many = f" x {self.ranks_here} ranks here" if self.ranks_here > 1 else ""
+        return (
+            f"needs {gib(self.per_rank)} per rank{many} with ZeRO-{self.stage} on {self.world} "
+            f"rank{'s' if self.world > 1 else ''} ({'bf16' if self.bf16 else 'fp32'}: model states "
+            f"{gib(self.model_states)}, activations {gib(self.activations)} for {self.micro_batch} x "
+            f"{self.max_len} tokens, TTT {self.ttt_length}, runtime {gib(self.runtime)}); {self.where} has "
+            f"{gib(self.available)}"
+        )
+
+    def refusal(self) -> str:
+        hint = self.suggestion()
+        if hint:
+            return f"does not fit: {self.describe()}; try {hint}"
+        return (
+            f"does not fit: {self.describe()}; no ZeRO stage up to 64 ranks fits: one micro-batch's activations "
+            f"({gib(self.activations)}) grow with the samples per rank, max_len and TTT depth: lower those"
+        )
+
+    def suggestion(self) -> str | None:
+        """The fewest ranks, then the lowest stage, at which one rank per device (or host) fits."""
+        for world in WORLDS:
+            for stage in STAGES:
+                states = model_state_bytes(self.trained_params, self.frozen_params, stage, self.bf16, world)
+                need = states + self.activations + self.runtime
+                if need <= self.available and (world, stage) != (self.world, self.stage):
+                    ranks = f"{world} rank{'s' if world > 1 else ''}"
+                    return f"ZeRO-{stage} on {ranks}, one per GPU or host: {gib(need)} per rank"
+        return None
+
+    def to_json(self) -> dict:
+        return {
+            **asdict(self),
+            "per_rank": self.per_rank,
+            "needed_here": self.needed_here,
+            "fits": self.fits,
+            "summary": self.describe(),
+        }
+
+
+def gib(nbytes: float) -> str:
+    return f"{nbytes / GIB:.1f} GiB" if nbytes >= 0.1 * GIB else f"{nbytes / 1024**2:.0f} MiB"
+
+
+def plan(
+    cfg: DrafterConfig,
+    *,
+    stage: int,
+    bf16: bool,
+    world: int,
+    micro_batch: int,
+    max_len: int,
+    ttt_length: int,
+    ranks_here: int = 1,
+    runtime: int | None = None,
+    limit_bytes: int | None = None,
+) -> MemoryPlan:
+    """The plan for these settings against the memory this process sees (or `limit_bytes`)."""
+    trained, frozen = parameter_counts(cfg)
+    available, where = available_memory() if limit_bytes is None else (limit_bytes, "--memory_limit_gib")
+    return MemoryPlan(
+        stage=stage, bf16=bf16, world=world, ranks_here=ranks_here, micro_batch=micro_batch, max_len=max_len,
+        ttt_length=ttt_length, trained_params=trained, frozen_params=frozen,
+        model_states=model_state_bytes(trained, frozen, stage, bf16, world),
+        activations=activation_bytes(cfg, micro_batch, max_len, ttt_length, bf16),
+        runtime=warmed_runtime_bytes() if runtime is None else runtime, available=available, where=where,
+    )  # fmt: skip

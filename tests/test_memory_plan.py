@@ -1,0 +1,80 @@
+"""The memory plan: DeepSpeed's per-parameter arithmetic, parameter counts that match the model, and
+finetune's refusal before any data is read."""
+
+from pathlib import Path
+
+import pytest
+
+from drafter.config import DrafterConfig
+from drafter.memory_plan import GIB, model_state_bytes, parameter_counts, plan
+from drafter.model import Eagle3Drafter
+from tests.conftest import run_step, tiny_config
+from tests.test_exit_codes import one_line_exit_2
+
+ROOT = Path(__file__).resolve().parents[1]
+K2 = ROOT / "configs" / "reference" / "kimi-k2-eagle3.config.json"
+
+
+def test_parameter_counts_match_the_model():
+    cfg = tiny_config()
+    model = Eagle3Drafter(cfg)
+    trained, frozen = parameter_counts(cfg)
+    assert trained == sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert frozen == model.embed_tokens.weight.numel()
+
+
+def test_the_k2_drafter_is_1_19_billion_parameters_needing_about_19_gb_of_model_states():
+    trained, frozen = parameter_counts(DrafterConfig.from_file(K2))
+    assert 1.18e9 < trained < 1.20e9 and frozen == 163840 * 7168
+    states = model_state_bytes(trained, 0, stage=0, bf16=True, world=1)
+    assert states == 16 * trained  # bf16 weights and gradients, fp32 master weights and two moments
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_zero_stages_partition_what_deepspeed_partitions(bf16):
+    p, frozen, w = 1_000_000, 500_000, 8
+    weights, grads, optim = (2, 2, 12) if bf16 else (4, 4, 8)
+    per = {s: model_state_bytes(p, frozen, s, bf16, w) for s in range(4)}
+    assert per[0] == (weights + grads + optim) * p + weights * frozen
+    assert per[1] == (weights + grads) * p + optim * p // w + weights * frozen
+    assert per[2] == weights * p + (grads + optim) * p // w + weights * frozen
+    assert per[3] == (weights + grads + optim) * p // w + weights * frozen // w
+    assert per[0] > per[1] > per[2] > per[3]
+
+
+def test_the_plan_grows_with_what_the_settings_allow_and_suggests_a_stage_that_fits():
+    cfg = DrafterConfig.from_file(K2)
+    small = plan(cfg, stage=0, bf16=True, world=1, micro_batch=1, max_len=512, ttt_length=3, runtime=0,
+                 limit_bytes=20 * GIB)  # fmt: skip
+    big = plan(cfg, stage=0, bf16=True, world=1, micro_batch=4, max_len=2048, ttt_length=7, runtime=0,
+               limit_bytes=20 * GIB)  # fmt: skip
+    assert big.activations > 4 * small.activations
+    assert not small.fits
+    hint = small.suggestion()
+    assert hint.startswith("ZeRO-") and "per rank" in hint
+    stage, world = int(hint.split()[0].split("-")[1]), int(hint.split()[2])
+    again = plan(cfg, stage=stage, bf16=True, world=world, micro_batch=1, max_len=512, ttt_length=3, runtime=0,
+                 limit_bytes=20 * GIB)  # fmt: skip
+    assert again.fits
+
+
+def test_finetune_refuses_a_drafter_that_cannot_fit_before_reading_any_data(tmp_path):
+    """The real K2 drafter's config on a 24 GiB host: one line, exit 2, before the (absent) dataset is
+    opened, and nothing written: no tracking store, no study, no checkpoint."""
+    res = run_step(
+        "finetune",
+        ["--init", "scratch", "--arch", str(K2), "--data", str(tmp_path / "not-captured-yet"),
+         "--memory_limit_gib", "24", "--no-progress"],
+        tmp_path,
+    )  # fmt: skip
+    one_line_exit_2(
+        res, "does not fit", "per rank with ZeRO-0 on 1 rank", "--memory_limit_gib has 24.0 GiB", "try ZeRO-"
+    )
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert not [n for n in written if n.startswith(("mlflow", "optuna", "trial", "mlruns"))], written
+
+
+def test_memory_limit_must_be_a_positive_number(tmp_path):
+    for bad in ("-1", "nan", "lots"):
+        res = run_step("finetune", ["--data", str(tmp_path), "--memory_limit_gib", bad, "--no-progress"], tmp_path)
+        one_line_exit_2(res, "--memory_limit_gib")

@@ -1,0 +1,92 @@
+"""Packed rows give the padded batch's loss, gradients and acceptance counts on the same samples."""
+
+import pytest
+import torch
+
+from drafter.data import Sample, collate
+from drafter.loss import loss_positions, pred_mask_from_loss_mask, target_draft_logits, ttt_loss
+from drafter.packing import collate_packed, first_fit_decreasing
+from tests.conftest import tiny_drafter
+
+
+def _samples(model, lengths: list[int], prompts: list[int], seed: int = 0) -> list[Sample]:
+    g = torch.Generator().manual_seed(seed)
+    cfg = model.config
+    out = []
+    for n, p in zip(lengths, prompts, strict=True):
+        loss_mask = torch.zeros(n, dtype=torch.bool)
+        loss_mask[p:] = True  # the prompt first, then the reply
+        out.append(
+            Sample(
+                input_ids=torch.randint(0, cfg.vocab_size, (n,), generator=g),
+                loss_mask=loss_mask,
+                aux_hidden=torch.randn(n, 3 * cfg.target_hidden, generator=g),
+                last_hidden=torch.randn(n, cfg.hidden_size, generator=g),
+                target_token=torch.randint(0, cfg.vocab_size, (n,), generator=g),
+            )
+        )
+    return out
+
+
+def _loss_and_grads(model, batch, head_rows, ttt: int):
+    model.zero_grad()
+    mask = pred_mask_from_loss_mask(batch.loss_mask, batch.segment_ids) & batch.attention_mask
+    steps = model(
+        batch.input_ids, batch.aux_hidden, batch.attention_mask, ttt_length=ttt, pred_mask=mask,
+        position_ids=batch.position_ids, segment_ids=batch.segment_ids,
+    )  # fmt: skip
+    counts = loss_positions(batch.target_token, mask, model.t2d, ttt, batch.segment_ids)
+    loss, _, stats = ttt_loss(
+        steps, target_draft_logits(batch.last_hidden, head_rows), batch.target_token, mask, model.t2d, model.d2t,
+        denominators=counts, segment_ids=batch.segment_ids,
+    )  # fmt: skip
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads, stats, counts
+
+
+@pytest.mark.parametrize("ttt", [1, 3])
+def test_packed_rows_give_the_padded_batchs_loss_gradients_and_counts(ttt):
+    torch.manual_seed(0)
+    model = tiny_drafter(seed=5)
+    # a long-tailed mix: one long conversation and several short ones that share its row width
+    samples = _samples(model, lengths=[40, 9, 17, 6, 12, 25], prompts=[10, 3, 8, 2, 12, 5])
+    head_rows = torch.randn(model.config.vocab_size, model.config.hidden_size)[model.t2d]
+    padded, packed = collate(samples), collate_packed(samples)
+    assert packed.input_ids.shape[0] < padded.input_ids.shape[0]  # fewer rows: less work
+    assert packed.num_tokens == padded.num_tokens
+    a, b = _loss_and_grads(model, padded, head_rows, ttt), _loss_and_grads(model, packed, head_rows, ttt)
+    assert torch.equal(a[3], b[3])  # the same loss positions per step
+    assert torch.allclose(a[0], b[0], atol=1e-5, rtol=1e-5)
+    assert a[1].keys() == b[1].keys()
+    for name in a[1]:
+        assert torch.allclose(a[1][name], b[1][name], atol=1e-5, rtol=1e-4), name
+    for x, y in zip(a[2].astuple(), b[2].astuple(), strict=True):
+        assert torch.equal(x, y)
+
+
+def test_a_sample_never_sees_its_row_neighbour():
+    """Changing the first sample of a row changes nothing the second sample's logits depend on, and
+    the second sample's positions restart at 0."""
+    model = tiny_drafter(seed=1)
+    samples = _samples(model, lengths=[20, 8, 10], prompts=[0, 0, 0])
+    packed = collate_packed(samples)
+    assert packed.segment_ids.tolist()[1] == [1] * 8 + [2] * 10 + [-1] * 2  # 8 + 10 share a row of 20
+    assert packed.position_ids[1, 8:18].tolist() == list(range(10))
+    other = _samples(model, lengths=[20, 8, 10], prompts=[0, 0, 0], seed=9)
+    changed = collate_packed([samples[0], other[1], samples[2]])  # the row's first sample replaced
+    run = lambda b: model(b.input_ids, b.aux_hidden, b.attention_mask, ttt_length=3,  # noqa: E731
+                          position_ids=b.position_ids, segment_ids=b.segment_ids)  # fmt: skip
+    out, out2 = run(packed), run(changed)
+    second = packed.segment_ids == 2
+    for j in range(3):
+        assert torch.allclose(out[j][second], out2[j][second], atol=1e-6), j
+        assert not torch.allclose(out[j][packed.segment_ids == 1], out2[j][packed.segment_ids == 1])
+
+
+def test_first_fit_decreasing_never_overfills_and_keeps_every_sample():
+    lengths = [30, 2, 17, 13, 30, 1, 8, 22]
+    rows = first_fit_decreasing(lengths, 30)
+    assert sorted(i for r in rows for i in r) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in r) <= 30 for r in rows)
+    assert len(rows) == 5  # 30 | 30 | 22+8 | 17+13 | 2+1

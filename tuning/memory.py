@@ -1,0 +1,91 @@
+"""finetune's memory check: the worst case its settings and search space allow, planned from the
+drafter's config alone before any data is read (drafter/memory_plan.py holds the arithmetic)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from drafter.config import DrafterConfig
+from drafter.errors import BadInput
+from drafter.memory_plan import GIB, MemoryPlan, plan
+from drafter.train import TrainConfig
+
+
+def init_config(init: str, arch: str) -> DrafterConfig:
+    """The drafter config `init` names, reading config.json only (no weights)."""
+    if init == "scratch":
+        return DrafterConfig.from_file(Path(arch) / "config.json" if Path(arch).is_dir() else arch)
+    if init.startswith("models:/"):
+        from registry import store
+
+        c = store.client()
+        mv = store.get_version(init, c)
+        local = store.local_folder(c, mv)
+        if local is not None:
+            return DrafterConfig.from_file(local / "config.json")
+        import tempfile
+
+        import mlflow
+
+        with tempfile.TemporaryDirectory() as tmp:
+            uri = c.get_model_version_download_uri(mv.name, mv.version).rstrip("/") + "/config.json"
+            return DrafterConfig.from_file(Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp)))
+    from registry.resolve import resolve_drafter
+
+    return DrafterConfig.from_file(resolve_drafter(init, config_only=True).folder / "config.json")
+
+
+def worst_case(base: TrainConfig, space: dict[str, dict[str, Any]], fixed: dict[str, Any] | None) -> TrainConfig:
+    """The settings that need the most memory: fixed values as given, searched ones at their top."""
+    values = {}
+    for key in ("batch_size", "max_len", "ttt_length"):
+        if fixed and key in fixed:
+            values[key] = int(fixed[key])
+        elif key in space:
+            spec = space[key]
+            values[key] = int(max(spec["choices"]) if "choices" in spec else spec["high"])
+    return TrainConfig(**{**base.__dict__, **values})
+
+
+def ranks_sharing_memory(world: int) -> int:
+    """Ranks whose memory is the one measured: each GPU its own, on a CPU host all local ranks."""
+    import torch
+
+    if torch.cuda.is_available():
+        return 1
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world))
+
+
+def check(
+    cfg: DrafterConfig, train: TrainConfig, ds_config: dict[str, Any], world: int, limit_gib: float | None
+) -> MemoryPlan:
+    """The plan for one rank; BadInput (exit 2, one line) when it cannot fit."""
+    import deepspeed  # noqa: F401  (training imports it: its memory is part of the runtime planned)
+
+    stage = int(ds_config.get("zero_optimization", {}).get("stage", 0))
+    bf16 = bool(ds_config.get("bf16", {}).get("enabled"))
+    result = plan(
+        cfg, stage=stage, bf16=bf16, world=world, micro_batch=max(train.batch_size // world, 1),
+        max_len=train.max_len, ttt_length=train.ttt_length, ranks_here=ranks_sharing_memory(world),
+        limit_bytes=None if limit_gib is None else int(limit_gib * GIB),
+    )  # fmt: skip
+    if not result.fits:
+        raise BadInput(f"finetune {result.refusal()} (--memory_limit_gib overrides what it sees)")
+    print(f"memory plan: {result.describe()}: fits", file=sys.stderr)
+    return result
+
+
+def memory_limit(text: str) -> float | None:
+    """--memory_limit_gib: 'auto' (what the device or host has free) or a positive number of GiB."""
+    if text in ("", "auto", "none"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and value < 1e6):
+        raise BadInput(f"--memory_limit_gib must be 'auto' or a positive number of GiB, not {text!r}")
+    return value
