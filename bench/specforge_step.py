@@ -15,6 +15,7 @@ CPU, so both sides use the same plain-torch soft cross-entropy. No SpecForge cod
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 import warnings
@@ -29,7 +30,7 @@ from drafter.loss import target_draft_logits, ttt_loss
 from drafter.model import Eagle3Drafter
 
 MEDIUM = dict(hidden=1024, intermediate=2816, heads=8, kv_heads=8, vocab=32000, draft_vocab=8000, seq=512, ttt=3)
-BATCH, WARMUP, REPS = 1, 1, 5
+BATCH, WARMUP, REPS = 1, 1, 7
 # trained (assistant) share of the positions: a conversation's prompt is context, never a target. 1.0
 # scores every position; 0.5 is the mini world's conversations (48 prompt + 48 reply tokens).
 ASSISTANT_SHARES = (1.0, 0.5)
@@ -165,10 +166,15 @@ def main() -> None:
                 for _ in range(WARMUP):
                     timed(step, bf16)
             seconds: dict[str, list[float]] = {k: [] for k in sides}
-            for _ in range(REPS):  # interleaved, so machine load falls on both alike
-                for name, step in sides.items():
-                    seconds[name].append(timed(step, bf16))
+            for r in range(REPS):  # interleaved pairs, the order alternating, so load falls on both alike
+                for name in sorted(sides, reverse=bool(r % 2)):
+                    seconds[name].append(timed(sides[name], bf16))
             best = {k: min(v) for k, v in seconds.items()}
+            paired = (
+                statistics.median(a / b for a, b in zip(seconds["SpecForge"], seconds["drafterops"], strict=True))
+                if "SpecForge" in seconds
+                else None
+            )
             for name, s in best.items():
                 spread = max(seconds[name]) / s
                 rows.append(
@@ -180,13 +186,15 @@ def main() -> None:
                         "tokens_per_s": f"{tokens / s:.0f}",
                         "spread (worst/best)": f"{spread:.2f}",
                         "speed-up vs SpecForge": f"{best['SpecForge'] / s:.2f}x" if "SpecForge" in best else "n/a",
+                        "median of paired ratios": f"{paired:.2f}x" if paired and name == "drafterops" else "",
                     }
                 )
     notes.append(
         f"medium drafter (hidden {m['hidden']}, intermediate {m['intermediate']}, {m['heads']} heads, vocab "
         f"{m['vocab']}, draft vocab {m['draft_vocab']}), batch {BATCH} x {m['seq']}, TTT {m['ttt']}; forward over "
         f"all TTT steps + soft cross-entropy + backward + AdamW; best of {REPS} interleaved steps after {WARMUP} "
-        f"warm-up, torch {torch.__version__}, {torch.get_num_threads()} threads."
+        f"warm-up (and the median of the {REPS} paired ratios, each pair run back to back), torch "
+        f"{torch.__version__}, {torch.get_num_threads()} threads."
     )
     print(write_results("specforge_step", rows, " ".join(notes)).read_text())
 

@@ -120,6 +120,7 @@ class MemoryPlan:
     runtime: int
     available: int
     where: str
+    hint: str | None = None  # the fewest ranks, then the lowest stage, at which one rank per device fits
 
     @property
     def per_rank(self) -> int:
@@ -144,24 +145,13 @@ class MemoryPlan:
         )
 
     def refusal(self) -> str:
-        hint = self.suggestion()
+        hint = self.hint
         if hint:
             return f"does not fit: {self.describe()}; try {hint}"
         return (
             f"does not fit: {self.describe()}; no ZeRO stage up to 64 ranks fits: one micro-batch's activations "
             f"({gib(self.activations)}) grow with the samples per rank, max_len and TTT depth: lower those"
         )
-
-    def suggestion(self) -> str | None:
-        """The fewest ranks, then the lowest stage, at which one rank per device (or host) fits."""
-        for world in WORLDS:
-            for stage in STAGES:
-                states = model_state_bytes(self.trained_params, self.frozen_params, stage, self.bf16, world)
-                need = states + self.activations + self.runtime
-                if need <= self.available and (world, stage) != (self.world, self.stage):
-                    ranks = f"{world} rank{'s' if world > 1 else ''}"
-                    return f"ZeRO-{stage} on {ranks}, one per GPU or host: {gib(need)} per rank"
-        return None
 
     def to_json(self) -> dict:
         return {
@@ -193,10 +183,21 @@ def plan(
     """The plan for these settings against the memory this process sees (or `limit_bytes`)."""
     trained, frozen = parameter_counts(cfg)
     available, where = available_memory() if limit_bytes is None else (limit_bytes, "--memory_limit_gib")
+    runtime = warmed_runtime_bytes() if runtime is None else runtime
+    global_batch = micro_batch * world
+    hint = None
+    for w in WORLDS:
+        rows = max(1, global_batch // w)
+        acts = activation_bytes(cfg, rows, max_len, ttt_length, bf16)
+        for st in STAGES:
+            need = model_state_bytes(trained, frozen, st, bf16, w) + acts + runtime
+            if need <= available and (w, st) != (world, stage) and hint is None:
+                ranks = f"{w} rank{'s' if w > 1 else ''}"
+                hint = f"ZeRO-{st} on {ranks} ({rows} samples each), one per GPU or host: {gib(need)} per rank"
     return MemoryPlan(
         stage=stage, bf16=bf16, world=world, ranks_here=ranks_here, micro_batch=micro_batch, max_len=max_len,
         ttt_length=ttt_length, trained_params=trained, frozen_params=frozen,
         model_states=model_state_bytes(trained, frozen, stage, bf16, world),
         activations=activation_bytes(cfg, micro_batch, max_len, ttt_length, bf16),
-        runtime=warmed_runtime_bytes() if runtime is None else runtime, available=available, where=where,
+        runtime=runtime, available=available, where=where, hint=hint,
     )  # fmt: skip

@@ -79,6 +79,7 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)  # under autocast q is bf16: keep it so (no fp32 detour)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def expand_kv(self, x: torch.Tensor) -> torch.Tensor:

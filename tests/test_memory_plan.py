@@ -50,7 +50,7 @@ def test_the_plan_grows_with_what_the_settings_allow_and_suggests_a_stage_that_f
                limit_bytes=20 * GIB)  # fmt: skip
     assert big.activations > 4 * small.activations
     assert not small.fits
-    hint = small.suggestion()
+    hint = small.hint
     assert hint.startswith("ZeRO-") and "per rank" in hint
     stage, world = int(hint.split()[0].split("-")[1]), int(hint.split()[2])
     again = plan(cfg, stage=stage, bf16=True, world=world, micro_batch=1, max_len=512, ttt_length=3, runtime=0,

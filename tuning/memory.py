@@ -63,8 +63,7 @@ def check(
     cfg: DrafterConfig, train: TrainConfig, ds_config: dict[str, Any], world: int, limit_gib: float | None
 ) -> MemoryPlan:
     """The plan for one rank; BadInput (exit 2, one line) when it cannot fit."""
-    import deepspeed  # noqa: F401  (training imports it: its memory is part of the runtime planned)
-
+    quiet_import_deepspeed()  # training imports it: its memory is part of the runtime planned
     stage = int(ds_config.get("zero_optimization", {}).get("stage", 0))
     bf16 = bool(ds_config.get("bf16", {}).get("enabled"))
     result = plan(
@@ -73,9 +72,23 @@ def check(
         limit_bytes=None if limit_gib is None else int(limit_gib * GIB),
     )  # fmt: skip
     if not result.fits:
-        raise BadInput(f"finetune {result.refusal()} (--memory_limit_gib overrides what it sees)")
+        raise BadInput(f"{result.refusal()} (--memory_limit_gib overrides what it sees)")
     print(f"memory plan: {result.describe()}: fits", file=sys.stderr)
     return result
+
+
+def quiet_import_deepspeed() -> None:
+    """Import DeepSpeed without its accelerator notice on the terminal (its logger writes to stdout);
+    its later messages go where they always do."""
+    import contextlib
+    import io
+    import logging
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        import deepspeed  # noqa: F401
+    for handler in logging.getLogger("DeepSpeed").handlers:
+        if isinstance(handler, logging.StreamHandler):
+            handler.setStream(sys.stdout)
 
 
 def memory_limit(text: str) -> float | None:
