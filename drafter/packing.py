@@ -5,7 +5,7 @@ MLP and logits on pad tokens; on a long-tailed length mix that is most of the wo
 samples are placed first-fit-decreasing into rows as long as its longest sample: each sample keeps
 its own positions (0, 1, ...), attends only within itself (segment ids), and a TTT step never
 reads across a boundary. The loss is normalised over the same real loss positions, so a packed batch
-gives the same loss and gradients as the padded one (tests/test_train.py).
+gives the same loss and gradients as the padded one (tests/test_packing.py).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from drafter.config import DrafterConfig
-from drafter.data import collate, split_indices, token_counts
+from drafter.data import Batch, collate, split_indices, token_counts
 from drafter.errors import BadInput
 from drafter.loss import StepStats, loss_positions, pred_mask_from_loss_mask, target_draft_logits, ttt_loss
 from drafter.model import Eagle3Drafter
@@ -232,17 +232,18 @@ def offline_stats(
     was_training = model.training
     model.eval()
     total = None
-    dtype = next(model.parameters()).dtype
+    weight = next(model.parameters())
     for start in range(0, len(indices), batch_size):
-        batch = collate_packed([dataset[i] for i in indices[start : start + batch_size]], max_len)
-        mask = pred_mask_from_loss_mask(batch.loss_mask, batch.segment_ids) & batch.attention_mask
+        b = collate_packed([dataset[i] for i in indices[start : start + batch_size]], max_len)
+        b = Batch(**{k: None if v is None else v.to(weight.device) for k, v in vars(b).items()})
+        mask = pred_mask_from_loss_mask(b.loss_mask, b.segment_ids) & b.attention_mask
         steps = model(
-            batch.input_ids, batch.aux_hidden.to(dtype), batch.attention_mask, ttt_length=ttt_length, pred_mask=mask,
-            position_ids=batch.position_ids, segment_ids=batch.segment_ids,
+            b.input_ids, b.aux_hidden.to(weight.dtype), b.attention_mask, ttt_length=ttt_length, pred_mask=mask,
+            position_ids=b.position_ids, segment_ids=b.segment_ids,
         )  # fmt: skip
         _, _, stats = ttt_loss(
-            steps, target_draft_logits(batch.last_hidden, head_rows), batch.target_token, mask, model.t2d, model.d2t,
-            segment_ids=batch.segment_ids,
+            steps, target_draft_logits(b.last_hidden, head_rows), b.target_token, mask, model.t2d, model.d2t,
+            segment_ids=b.segment_ids,
         )  # fmt: skip
         total = stats if total is None else total + stats
     model.train(was_training)
@@ -382,8 +383,14 @@ def train(
         done = step + 1
         validate_now = val_idx and (done % cfg.val_every == 0 or done == cfg.max_steps)
         if validate_now:
-            val_stats = offline_stats(
-                engine.module, val_dataset, val_idx, val_rows, cfg.val_draft_steps, cfg.batch_size, cfg.max_len
+            val_stats = offline_stats(  # a rank's share of the batch at a time: what the memory plan planned
+                engine.module,
+                val_dataset,
+                val_idx,
+                val_rows,
+                cfg.val_draft_steps,
+                micro_batch(cfg.batch_size, world),
+                cfg.max_len,
             )
         every = cfg.checkpoint_every or cfg.val_every
         if ckpt_dir is not None and (done % every == 0 or done == cfg.max_steps):

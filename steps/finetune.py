@@ -127,11 +127,12 @@ def run(args: argparse.Namespace) -> int:
     limit = memory.memory_limit(args.memory_limit_gib)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     micro_batch(int((fixed or {}).get("batch_size", base.batch_size)), world)  # divisible, before any work
-    ds_config = load_ds_config(args.ds_config, base, max_steps)  # a config that does not parse fails first
+    load_ds_config(args.ds_config, base, max_steps)  # a config that does not parse fails before anything
     space = load_space(args.search_space) if fixed is None else {}
     baseline = load_settings(args.baseline, space) if fixed is None and none_if_empty(args.baseline) else None
     worst = memory.worst_case(base, space, fixed)
-    memory_plan = memory.check(memory.init_config(args.init, args.arch), worst, ds_config, world, limit)
+    configs = memory.ds_configs(worst, space, max_steps)
+    memory_plan = memory.check(memory.init_config(args.init, args.arch), worst, configs, world, limit)
     dataset = HiddenStateDataset(args.data)
     val_dataset = HiddenStateDataset(args.val_data) if none_if_empty(args.val_data) else None
     multi = world > 1  # under the deepspeed/torchrun launcher

@@ -44,18 +44,38 @@ def test_zero_stages_partition_what_deepspeed_partitions(bf16):
 
 def test_the_plan_grows_with_what_the_settings_allow_and_suggests_a_stage_that_fits():
     cfg = DrafterConfig.from_file(K2)
-    small = plan(cfg, stage=0, bf16=True, world=1, micro_batch=1, max_len=512, ttt_length=3, runtime=0,
-                 limit_bytes=20 * GIB)  # fmt: skip
-    big = plan(cfg, stage=0, bf16=True, world=1, micro_batch=4, max_len=2048, ttt_length=7, runtime=0,
-               limit_bytes=20 * GIB)  # fmt: skip
+    common = dict(stage=0, bf16=True, world=1, runtime=0, limit_bytes=20 * GIB)
+    small = plan(cfg, micro_batch=8, max_len=256, ttt_length=3, **common)
+    big = plan(cfg, micro_batch=8, max_len=1024, ttt_length=7, **common)
     assert big.activations > 4 * small.activations
     assert not small.fits
     hint = small.hint
     assert hint.startswith("ZeRO-") and "per rank" in hint
     stage, world = int(hint.split()[0].split("-")[1]), int(hint.split()[2])
-    again = plan(cfg, stage=stage, bf16=True, world=world, micro_batch=1, max_len=512, ttt_length=3, runtime=0,
-                 limit_bytes=20 * GIB)  # fmt: skip
+    assert 8 % world == 0  # only worlds that split the global batch evenly
+    again = plan(cfg, micro_batch=8 // world, max_len=256, ttt_length=3,
+                 **{**common, "stage": stage, "world": world})  # fmt: skip
     assert again.fits
+
+
+def test_the_worst_case_takes_fixed_values_and_the_top_of_the_space_and_refuses_nonsense():
+    from drafter.errors import BadInput
+    from drafter.train import TrainConfig
+    from tuning.memory import worst_case
+
+    space = {
+        "ttt_length": {"type": "int", "low": 2, "high": 5},
+        "max_len": {"type": "categorical", "choices": [256, 1024]},
+    }
+    worst = worst_case(TrainConfig(batch_size=4), space, None)
+    assert (worst.batch_size, worst.max_len, worst.ttt_length) == (4, 1024, 5)
+    fixed = worst_case(TrainConfig(), space, {"ttt_length": 2, "ds_config": "zero2"})
+    assert (fixed.ttt_length, fixed.ds_config) == (2, "zero2")  # the trial's own DeepSpeed config is planned
+    for bad in ({"max_len": "abc"}, {"batch_size": None}, {"max_len": 0}, {"ttt_length": 2.5}):
+        with pytest.raises(BadInput):
+            worst_case(TrainConfig(), {}, bad)
+    with pytest.raises(BadInput):
+        worst_case(TrainConfig(), {"max_len": {"type": "int", "low": 512}}, None)
 
 
 def test_finetune_refuses_a_drafter_that_cannot_fit_before_reading_any_data(tmp_path):

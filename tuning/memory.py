@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from drafter.config import DrafterConfig
 from drafter.errors import BadInput
 from drafter.memory_plan import GIB, MemoryPlan, plan
-from drafter.train import TrainConfig
+from drafter.train import TrainConfig, load_ds_config
 
 
 def init_config(init: str, arch: str) -> DrafterConfig:
@@ -38,39 +39,67 @@ def init_config(init: str, arch: str) -> DrafterConfig:
     return DrafterConfig.from_file(resolve_drafter(init, config_only=True).folder / "config.json")
 
 
+def _whole(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) or value < 1:
+        raise BadInput(f"{where} must be a whole number >= 1, not {value!r}")
+    return int(value)
+
+
 def worst_case(base: TrainConfig, space: dict[str, dict[str, Any]], fixed: dict[str, Any] | None) -> TrainConfig:
-    """The settings that need the most memory: fixed values as given, searched ones at their top."""
-    values = {}
+    """The settings a trial can run with that need the most memory: every fixed value as given (its
+    DeepSpeed config and overrides too), searched sizes at their top."""
+    values: dict[str, Any] = dict(fixed or {})
     for key in ("batch_size", "max_len", "ttt_length"):
         if fixed and key in fixed:
-            values[key] = int(fixed[key])
+            values[key] = _whole(fixed[key], f"--fixed_params {key}")
         elif key in space:
             spec = space[key]
-            values[key] = int(max(spec["choices"]) if "choices" in spec else spec["high"])
-    return TrainConfig(**{**base.__dict__, **values})
+            tops = spec.get("choices") or ([spec["high"]] if "high" in spec else None)
+            if not tops:
+                raise BadInput(f"search space {key}: needs 'high' or 'choices'")
+            values[key] = max(_whole(v, f"search space {key}") for v in tops)
+        else:
+            values[key] = _whole(getattr(base, key), key)
+    return replace(base, **values)
+
+
+def ds_configs(train: TrainConfig, space: dict[str, dict[str, Any]], total_steps: int) -> list[dict[str, Any]]:
+    """The DeepSpeed configs a trial can run under (each choice when the space searches them)."""
+    names = space.get("ds_config", {}).get("choices") or [train.ds_config]
+    return [load_ds_config(str(name), replace(train, ds_config=str(name)), total_steps) for name in names]
 
 
 def ranks_sharing_memory(world: int) -> int:
-    """Ranks whose memory is the one measured: each GPU its own, on a CPU host all local ranks."""
+    """Ranks whose memory is the one measured: each GPU its own, on a CPU host all local ranks
+    (torchrun says how many in LOCAL_WORLD_SIZE, the deepspeed launcher in LOCAL_SIZE)."""
     import torch
 
     if torch.cuda.is_available():
         return 1
-    return int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or world)
 
 
 def check(
-    cfg: DrafterConfig, train: TrainConfig, ds_config: dict[str, Any], world: int, limit_gib: float | None
+    cfg: DrafterConfig, train: TrainConfig, configs: list[dict[str, Any]], world: int, limit_gib: float | None
 ) -> MemoryPlan:
-    """The plan for one rank; BadInput (exit 2, one line) when it cannot fit."""
+    """The plan for one rank under the most demanding config; BadInput (exit 2, one line) when it
+    cannot fit."""
     quiet_import_deepspeed()  # training imports it: its memory is part of the runtime planned
-    stage = int(ds_config.get("zero_optimization", {}).get("stage", 0))
-    bf16 = bool(ds_config.get("bf16", {}).get("enabled"))
-    result = plan(
-        cfg, stage=stage, bf16=bf16, world=world, micro_batch=max(train.batch_size // world, 1),
-        max_len=train.max_len, ttt_length=train.ttt_length, ranks_here=ranks_sharing_memory(world),
-        limit_bytes=None if limit_gib is None else int(limit_gib * GIB),
-    )  # fmt: skip
+    plans = [
+        plan(
+            cfg,
+            stage=int(ds.get("zero_optimization", {}).get("stage", 0)),
+            bf16=bool(ds.get("bf16", {}).get("enabled")),
+            world=world,
+            micro_batch=max(train.batch_size // world, 1),
+            max_len=train.max_len,
+            ttt_length=train.ttt_length,
+            ranks_here=ranks_sharing_memory(world),
+            limit_bytes=None if limit_gib is None else int(limit_gib * GIB),
+        )  # fmt: skip
+        for ds in configs
+    ]
+    result = max(plans, key=lambda p: p.per_rank)
     if not result.fits:
         raise BadInput(f"{result.refusal()} (--memory_limit_gib overrides what it sees)")
     print(f"memory plan: {result.describe()}: fits", file=sys.stderr)
@@ -93,7 +122,7 @@ def quiet_import_deepspeed() -> None:
 
 def memory_limit(text: str) -> float | None:
     """--memory_limit_gib: 'auto' (what the device or host has free) or a positive number of GiB."""
-    if text in ("", "auto", "none"):
+    if text.strip().lower() in ("", "auto", "none"):
         return None
     try:
         value = float(text)
