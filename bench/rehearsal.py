@@ -103,6 +103,19 @@ def timed_process(cmd: list[str], env: dict[str, str], expect: tuple[int, ...] =
     return seconds, usage.ru_maxrss / 1024**2, code, last
 
 
+def available_gib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024**2
+    return float("inf")
+
+
+def target_params() -> int:
+    """The rehearsal target's parameters: embedding and lm_head (vocabulary x hidden) dominate."""
+    h, v = K2_WIDTH["hidden_size"], 163840
+    return 2 * v * h + 3 * 110_000_000  # + three MLA layers with tiny MLPs (about 0.1 B each)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", default="/tmp/drafterops-rehearsal")
@@ -117,7 +130,16 @@ def main() -> None:
     prompts.write_text("\n".join(lines) + "\n")
     rows = []
 
-    def step(name: str, cmd: list[str], expect: tuple[int, ...] = (0,), note: str = "") -> None:
+    def step(
+        name: str, cmd: list[str], expect: tuple[int, ...] = (0,), note: str = "", needs: float = 0, what: str = ""
+    ) -> None:
+        """Run a step, or say why not: `needs` (GiB, from the shapes) beyond what this host has free."""
+        free = available_gib()
+        if needs > 0.9 * free:
+            reason = f"not run: needs about {needs:.1f} GiB ({what}), this host has {free:.1f} GiB available"
+            rows.append({"step": name, "peak RSS": "-", "time": "-", "exit": "-", "note": reason})
+            print(rows[-1], flush=True)
+            return
         seconds, rss, code, last = timed_process(cmd, env, expect)
         row = {"step": name, "peak RSS": f"{rss:.2f} GiB", "time": f"{seconds:.0f} s", "exit": code}
         rows.append({**row, "note": note or last})
@@ -140,15 +162,19 @@ def main() -> None:
          "--trained_for", "moonshotai/Kimi-K2-Instruct"],
     )  # fmt: skip
     step("shape_gate", [*m, "steps.shape_gate", "--model", uri, "--target", str(target)], expect=(0, 1))
+    target_fp32 = target_params() * 4 / 1024**3  # the project loads a target in fp32
+    drafter_fp32 = (1.19e9 + 163840 * 7168) * 4 / 1024**3  # its weights and the target's embedding, fp32
     step(
         "make_data (4 prompts, 64 tokens)",
         [*m, "steps.make_data", "--target", str(target), "--prompts", str(prompts), "--out", str(data),
          "--drafter", uri, "--max_len", "64", "--no-progress"],
+        needs=target_fp32 * 1.1, what="the target in fp32",
     )  # fmt: skip
     step(
         "evaluate (2 prompts x 8 tokens, k=3)",
         [*m, "steps.evaluate", "--model", uri, "--target", str(target), "--prompts", str(prompts), "--limit", "2",
          "--max_new_tokens", "8", "--draft_steps", "3", "--no-progress"],
+        needs=(target_fp32 + drafter_fp32) * 1.1, what="the target and the drafter with its embedding, fp32",
     )  # fmt: skip
     step(
         "finetune: memory plan (ZeRO-0 fp32, 1 x 512, TTT up to 4)",
