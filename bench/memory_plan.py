@@ -80,7 +80,7 @@ def k2_verdict() -> str:
     lines = []
     for name in ("zero0", "zero2"):
         try:
-            p = check(cfg, tc, load_ds_config(name, tc, 1), 1, None)
+            p = check(cfg, tc, [load_ds_config(name, tc, 1)], 1, None)
             lines.append(f"{name}: fits ({p.describe()})")
         except BadInput as exc:
             lines.append(f"{name}: exit 2, {exc}")

@@ -58,6 +58,7 @@ def write_drafter(folder: Path) -> None:
 
     cfg = json.loads(REFERENCE.read_text())
     cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 1, 2]
+    cfg["bos_token_id"], cfg["eos_token_id"] = 1, 2  # the rehearsal target speaks the mini world's tokenizer
     h, i, vd, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["draft_vocab_size"], cfg["vocab_size"]
     q = cfg["num_attention_heads"] * cfg["head_dim"]
     g = torch.Generator().manual_seed(0)
@@ -89,15 +90,17 @@ def timed_process(cmd: list[str], env: dict[str, str], expect: tuple[int, ...] =
     rusage: that child's own peak)."""
     import tempfile
 
-    with tempfile.TemporaryFile("w+") as err:
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err, text=True)
         _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.perf_counter() - t0
         proc.returncode = code = os.waitstatus_to_exitcode(status)
         err.seek(0)
-        text = err.read()
-    last = (text.strip().splitlines() or [""])[-1][:300]
+        out.seek(0)
+        text, said = err.read(), out.read()
+    lines = [ln for ln in text.splitlines() if ln.strip() and "WARNING" not in ln] or said.strip().splitlines() or [""]
+    last = lines[-1][:300]
     if code not in expect:
         raise SystemExit(f"{' '.join(cmd[2:4])}: exit {code}\n{text[-3000:]}")
     return seconds, usage.ru_maxrss / 1024**2, code, last
@@ -147,13 +150,9 @@ def main() -> None:
 
     build = [sys.executable, "-c", BUILD_TARGET, str(target), json.dumps(K2_WIDTH), str(MINI / "k2.5-mini")]
     step("build the target (random, bf16)", build, note="3 layers at K2's width, 2.7 B parameters")
-    t0 = time.perf_counter()
-    write_drafter(drafter)
-    seconds = time.perf_counter() - t0
-    rows.append(
-        {"step": "write the K2 drafter (random, bf16)", "peak RSS": "(this process)", "time": f"{seconds:.0f} s",
-         "exit": 0, "note": "1.19 B parameters, no embedding"}
-    )  # fmt: skip
+    write = [sys.executable, "-c", f"from pathlib import Path; from bench.rehearsal import write_drafter; "
+             f"write_drafter(Path({str(drafter)!r}))"]  # fmt: skip
+    step("write the K2 drafter (random, bf16)", write, note="1.19 B parameters, no embedding")
     m = [sys.executable, "-m"]
     uri = "models:/k2.5-width-target-eagle3@imported"
     step(
@@ -183,7 +182,9 @@ def main() -> None:
         expect=(0, 2),
     )  # fmt: skip
     notes = (
-        f"python -m bench.rehearsal; torch {torch.__version__}, {os.cpu_count()} CPUs, "
+        "Each step in its own process started from this small one (a child's peak RSS starts at its parent's: "
+        "fork copies the high-water mark). The drafter's aux ids and bos/eos are the rehearsal target's; its "
+        f"shapes are the K2 drafter's. python -m bench.rehearsal; torch {torch.__version__}, {os.cpu_count()} CPUs, "
         f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 1024**3:.0f} GiB RAM."
     )
     print(write_results("rehearsal", rows, notes).read_text())

@@ -14,7 +14,8 @@ that it does not fit from a one-line refusal, not from a run that dies after an 
   the norms, projections, MLP and draft logits kept for backward, the attention probabilities per
   row, the target's draft-vocabulary distribution, and the largest transients of the backward pass.
 - The runtime (interpreter, torch, DeepSpeed) is what this process holds when the plan is made, once
-  a one-parameter backward and AdamW step has paged in what every run pays for.
+  a one-parameter backward and AdamW step has paged in what every run pays for, plus the arenas the
+  C allocator keeps (64 MiB per compute thread).
 """
 
 from __future__ import annotations
@@ -67,6 +68,14 @@ def activation_bytes(cfg: DrafterConfig, rows: int, width: int, ttt: int, bf16: 
     return int(batch + target + masks + ttt * per_step + n * a * h + transients + head_rows)
 
 
+def allocator_bytes() -> int:
+    """What the C allocator keeps after frees: glibc's malloc holds up to one 64 MiB arena per
+    compute thread (HEAP_MAX_SIZE on 64-bit), which a run's peak RSS includes."""
+    import torch
+
+    return 64 * 1024**2 * max(1, torch.get_num_threads())
+
+
 def warmed_runtime_bytes() -> int:
     """This process's RSS once the training machinery has run once (a one-parameter backward and
     AdamW step page in the kernels and optimizer code every run pays for)."""
@@ -75,7 +84,7 @@ def warmed_runtime_bytes() -> int:
     w = torch.zeros(8, requires_grad=True)
     (w * 2).sum().backward()
     torch.optim.AdamW([w]).step()
-    return current_rss_bytes()
+    return current_rss_bytes() + allocator_bytes()
 
 
 def current_rss_bytes() -> int:
