@@ -27,11 +27,9 @@ import math
 import torch
 
 from bench._common import write_results
-from bench.specforge_step import MEDIUM, load_specforge, specforge_model, specforge_ttt_step, timed
-from drafter.config import DrafterConfig
+from bench.specforge_step import MEDIUM, load_specforge, ours_model, specforge_model, specforge_ttt_step, timed
 from drafter.data import Sample, collate
 from drafter.loss import loss_positions, pred_mask_from_loss_mask, target_draft_logits, ttt_loss
-from drafter.model import Eagle3Drafter
 from drafter.packing import collate_packed
 
 PROMPT_MEAN, REPLY_MEAN, SIGMA, MAX_LEN = 161.0, 338.0, 1.0, 2048
@@ -73,17 +71,8 @@ def head_and_maps(m: dict, seed: int = 1):
 
 
 def ours(m: dict, samples: list[Sample]):
-    cfg = DrafterConfig(
-        hidden_size=m["hidden"], intermediate_size=m["intermediate"], num_attention_heads=m["heads"],
-        num_key_value_heads=m["kv_heads"], vocab_size=m["vocab"], draft_vocab_size=m["draft_vocab"],
-        aux_layer_ids=[1, 2, 3], max_position_embeddings=4096,
-    )  # fmt: skip
-    model = Eagle3Drafter(cfg)
-    model.init_weights(0)
     rows, t2d, d2t = head_and_maps(m)
-    model.t2d.copy_(t2d)
-    model.d2t.copy_(d2t)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    model, opt = ours_model(m, t2d, d2t)
     batches = [collate_packed(samples[i : i + MICRO_BATCH]) for i in range(0, len(samples), MICRO_BATCH)]
 
     def epoch():

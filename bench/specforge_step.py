@@ -62,7 +62,8 @@ def inputs(m: dict, share: float, seed: int = 0):
     return ids, aux, last, head, t2d, d2t, mask
 
 
-def ours(m: dict, share: float):
+def ours_model(m: dict, t2d: torch.Tensor, d2t: torch.Tensor):
+    """This project's drafter at the bench's shapes, its vocabulary maps, frozen embedding, and AdamW."""
     cfg = DrafterConfig(
         hidden_size=m["hidden"], intermediate_size=m["intermediate"], num_attention_heads=m["heads"],
         num_key_value_heads=m["kv_heads"], vocab_size=m["vocab"], draft_vocab_size=m["draft_vocab"],
@@ -70,11 +71,14 @@ def ours(m: dict, share: float):
     )  # fmt: skip
     model = Eagle3Drafter(cfg)
     model.init_weights(0)
-    model.embed_tokens.weight.requires_grad_(False)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-    ids, aux, last, head, t2d, d2t, mask = inputs(m, share)
     model.t2d.copy_(t2d)
     model.d2t.copy_(d2t)
+    return model, torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+
+
+def ours(m: dict, share: float):
+    ids, aux, last, head, t2d, d2t, mask = inputs(m, share)
+    model, opt = ours_model(m, t2d, d2t)
     rows = head[t2d]
 
     def step():
