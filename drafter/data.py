@@ -452,28 +452,50 @@ class Batch:
     def num_tokens(self) -> int:
         return int(self.attention_mask.sum())
 
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(**{k: None if v is None else v.to(device) for k, v in vars(self).items()})
+
 
 def collate(samples: list[Sample], max_len: int | None = None) -> Batch:
     """Right-pad samples (cut to max_len) into one batch."""
-    lengths = [min(len(s), max_len) if max_len else len(s) for s in samples]
-    t = max(lengths)
-    b = len(samples)
+    lengths = cut_lengths(samples, max_len)
+    return fill_rows(samples, lengths, [[i] for i in range(len(samples))], max(lengths), packed=False)
+
+
+def cut_lengths(samples: list[Sample], max_len: int | None) -> list[int]:
+    return [min(len(s), max_len) if max_len else len(s) for s in samples]
+
+
+def fill_rows(samples: list[Sample], lengths: list[int], rows: list[list[int]], width: int, packed: bool) -> Batch:
+    """A batch whose row r holds samples rows[r] one after another, right-padded to `width`; a packed
+    batch also carries each sample's own positions and its segment id (pad -1)."""
+    r = len(rows)
     aux_w, h = samples[0].aux_hidden.shape[-1], samples[0].last_hidden.shape[-1]
     out = Batch(
-        input_ids=torch.zeros(b, t, dtype=torch.long),
-        attention_mask=torch.zeros(b, t, dtype=torch.bool),
-        loss_mask=torch.zeros(b, t, dtype=torch.bool),
-        aux_hidden=torch.zeros(b, t, aux_w),
-        last_hidden=torch.zeros(b, t, h),
-        target_token=torch.zeros(b, t, dtype=torch.long),
+        input_ids=torch.zeros(r, width, dtype=torch.long),
+        attention_mask=torch.zeros(r, width, dtype=torch.bool),
+        loss_mask=torch.zeros(r, width, dtype=torch.bool),
+        aux_hidden=torch.zeros(r, width, aux_w),
+        last_hidden=torch.zeros(r, width, h),
+        target_token=torch.zeros(r, width, dtype=torch.long),
+        position_ids=torch.zeros(r, width, dtype=torch.long) if packed else None,
+        segment_ids=torch.full((r, width), -1, dtype=torch.long) if packed else None,
     )
-    for i, (s, n) in enumerate(zip(samples, lengths, strict=True)):
-        out.input_ids[i, :n] = s.input_ids[:n]
-        out.attention_mask[i, :n] = True
-        out.loss_mask[i, :n] = s.loss_mask[:n]
-        out.aux_hidden[i, :n] = s.aux_hidden[:n].float()
-        out.last_hidden[i, :n] = s.last_hidden[:n].float()
-        out.target_token[i, :n] = s.target_token[:n]
+    for row, members in enumerate(rows):
+        start = 0
+        for i in members:
+            s, n = samples[i], lengths[i]
+            at = slice(start, start + n)
+            out.input_ids[row, at] = s.input_ids[:n]
+            out.attention_mask[row, at] = True
+            out.loss_mask[row, at] = s.loss_mask[:n]
+            out.aux_hidden[row, at] = s.aux_hidden[:n].float()
+            out.last_hidden[row, at] = s.last_hidden[:n].float()
+            out.target_token[row, at] = s.target_token[:n]
+            if packed:
+                out.position_ids[row, at] = torch.arange(n)
+                out.segment_ids[row, at] = i
+            start += n
     return out
 
 

@@ -10,9 +10,7 @@ gives the same loss and gradients as the padded one (tests/test_packing.py).
 
 from __future__ import annotations
 
-import torch
-
-from drafter.data import Batch, Sample
+from drafter.data import Batch, Sample, cut_lengths, fill_rows
 
 
 def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -35,33 +33,6 @@ def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
 def collate_packed(samples: list[Sample], max_len: int | None = None) -> Batch:
     """Samples (each cut to max_len) packed into rows as long as the longest one; pad positions
     carry segment id -1 and attention_mask False."""
-    lengths = [min(len(s), max_len) if max_len else len(s) for s in samples]
+    lengths = cut_lengths(samples, max_len)
     width = max(lengths)
-    rows = first_fit_decreasing(lengths, width)
-    r = len(rows)
-    aux_w, h = samples[0].aux_hidden.shape[-1], samples[0].last_hidden.shape[-1]
-    out = Batch(
-        input_ids=torch.zeros(r, width, dtype=torch.long),
-        attention_mask=torch.zeros(r, width, dtype=torch.bool),
-        loss_mask=torch.zeros(r, width, dtype=torch.bool),
-        aux_hidden=torch.zeros(r, width, aux_w),
-        last_hidden=torch.zeros(r, width, h),
-        target_token=torch.zeros(r, width, dtype=torch.long),
-        position_ids=torch.zeros(r, width, dtype=torch.long),
-        segment_ids=torch.full((r, width), -1, dtype=torch.long),
-    )
-    for row, members in enumerate(rows):
-        start = 0
-        for i in members:
-            s, n = samples[i], lengths[i]
-            at = slice(start, start + n)
-            out.input_ids[row, at] = s.input_ids[:n]
-            out.attention_mask[row, at] = True
-            out.loss_mask[row, at] = s.loss_mask[:n]
-            out.aux_hidden[row, at] = s.aux_hidden[:n].float()
-            out.last_hidden[row, at] = s.last_hidden[:n].float()
-            out.target_token[row, at] = s.target_token[:n]
-            out.position_ids[row, at] = torch.arange(n)
-            out.segment_ids[row, at] = i
-            start += n
-    return out
+    return fill_rows(samples, lengths, first_fit_decreasing(lengths, width), width, packed=True)

@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from drafter.config import DrafterConfig
-from drafter.data import Batch, collate, split_indices, token_counts
+from drafter.data import collate, split_indices, token_counts
 from drafter.errors import BadInput
 from drafter.loss import StepStats, loss_positions, pred_mask_from_loss_mask, target_draft_logits, ttt_loss
 from drafter.model import Eagle3Drafter
@@ -234,8 +234,7 @@ def offline_stats(
     total = None
     weight = next(model.parameters())
     for start in range(0, len(indices), batch_size):
-        b = collate_packed([dataset[i] for i in indices[start : start + batch_size]], max_len)
-        b = Batch(**{k: None if v is None else v.to(weight.device) for k, v in vars(b).items()})
+        b = collate_packed([dataset[i] for i in indices[start : start + batch_size]], max_len).to(weight.device)
         mask = pred_mask_from_loss_mask(b.loss_mask, b.segment_ids) & b.attention_mask
         steps = model(
             b.input_ids, b.aux_hidden.to(weight.dtype), b.attention_mask, ttt_length=ttt_length, pred_mask=mask,
@@ -328,21 +327,20 @@ def train(
     )
     for step in bar:
         mine = rank_share(batch_indices(train_idx, cfg.batch_size, cfg.seed, step), rank, world)
-        batch = (collate_packed if cfg.packing else collate)([dataset[i] for i in mine], cfg.max_len)
-        aux = batch.aux_hidden.to(device, dtype)
-        segments = None if batch.segment_ids is None else batch.segment_ids.to(device)
-        mask = (pred_mask_from_loss_mask(batch.loss_mask, batch.segment_ids) & batch.attention_mask).to(device)
+        batch = (collate_packed if cfg.packing else collate)([dataset[i] for i in mine], cfg.max_len).to(device)
+        segments = batch.segment_ids
+        mask = pred_mask_from_loss_mask(batch.loss_mask, segments) & batch.attention_mask
         steps = engine(
-            batch.input_ids.to(device),
-            aux,
-            batch.attention_mask.to(device),
+            batch.input_ids,
+            batch.aux_hidden.to(dtype),
+            batch.attention_mask,
             ttt_length=cfg.ttt_length,
             noise_std=cfg.noise_std,
             pred_mask=mask,  # compute only what the loss reads
-            position_ids=None if batch.position_ids is None else batch.position_ids.to(device),
+            position_ids=batch.position_ids,
             segment_ids=segments,
         )
-        target_token = batch.target_token.to(device)
+        target_token = batch.target_token
         counts = loss_positions(target_token, mask, engine.module.t2d, cfg.ttt_length, segments)
         step_tokens = torch.tensor([float(batch.num_tokens)])
         if world > 1:  # the loss is a mean over the global batch's positions, not each rank's
@@ -350,7 +348,7 @@ def train(
             dist.all_reduce(step_tokens)
         loss, _, stats = ttt_loss(
             steps,
-            target_draft_logits(batch.last_hidden.to(device), head_rows),
+            target_draft_logits(batch.last_hidden, head_rows),
             target_token,
             mask,
             engine.module.t2d,
