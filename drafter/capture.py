@@ -100,7 +100,7 @@ def capture_records(
     """Load the target, capture these prompts into `out` and let the target go (one in memory at a time)."""
     from drafter.target import load_target
 
-    target = load_target(target_ref)
+    target = load_target(target_ref, progress=progress)
     target.check_layer_ids(layer_ids)
     meta = {"target": str(target_ref), "layer_ids": layer_ids, "hidden_size": target.config.hidden_size,
             "vocab_size": target.config.vocab_size}  # fmt: skip

@@ -107,14 +107,14 @@ def verdict(sim: Similarity, zero_shot_old: float, zero_shot_new: float) -> str:
     mean = sum(s.cosine for s in aux) / max(len(aux), 1)
     kept = (zero_shot_new - 1) / (zero_shot_old - 1) if zero_shot_old > 1 else 0.0
     if mean >= WARM_START_HELPS:
-        advice = "expect a warm start to help"
+        advice = "Expect a warm start to help"
     elif mean >= STATES_DIFFER:
-        advice = "a warm start may help; fine-tune on the new target's states before relying on it"
+        advice = "A warm start may help; fine-tune on the new target's states before relying on it"
     else:
-        advice = "the states differ: expect to retrain rather than transfer"
+        advice = "The states differ: expect to retrain rather than transfer"
     return (
-        f"layers {names}: cosine {cos}; next-token agreement {sim.token_agreement:.0%}; zero-shot "
-        f"sim_accept_len {zero_shot_old:.2f} -> {zero_shot_new:.2f} ({kept:.0%} of the gain kept); {advice}"
+        f"{advice}: layers {names}: cosine {cos}; next-token agreement {sim.token_agreement:.0%}; zero-shot "
+        f"sim_accept_len {zero_shot_old:.2f} -> {zero_shot_new:.2f} ({kept:.0%} of the gain kept)"
     )
 
 

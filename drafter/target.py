@@ -163,8 +163,9 @@ def _text_model_from_wrapper(folder: Path, cfg: TargetConfig, dtype: torch.dtype
         raise BadInput(
             f"{folder}/config.json: text_config model_type {model_type!r} is unknown to transformers ({exc})"
         ) from None
-    model = AutoModelForCausalLM.from_config(text_cfg, trust_remote_code=trust_remote_code, dtype=dtype)
     prefix = cfg.weight_prefix
+    check_config_fits_weights(folder, text_cfg, read_header(folder), prefix, trust_remote_code)
+    model = AutoModelForCausalLM.from_config(text_cfg, trust_remote_code=trust_remote_code, dtype=dtype)
     state = {}
     for fname in weight_files(folder):
         with safe_open(str(folder / fname), framework="pt") as fh:
@@ -186,26 +187,74 @@ def _text_model_from_wrapper(folder: Path, cfg: TargetConfig, dtype: torch.dtype
     return model
 
 
+def check_config_fits_weights(
+    folder: Path, config: Any, header: dict[str, Any], prefix: str = "", trust_remote_code: bool = False
+) -> None:
+    """config.json and the weights agree, checked on a meta-device model against the headers before a
+    byte is loaded: a shape the config gets wrong is bad input naming the tensor, not transformers'
+    state-dict error. (Tensors transformers renames on load, such as fused MoE experts, are left to
+    its own check, which `load_target` turns into the same bad input.)"""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        expected = {
+            k: tuple(v.shape)
+            for k, v in AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+            .state_dict()
+            .items()
+        }
+    have = {name[len(prefix) :]: info for name, info in header.items() if name.startswith(prefix)}
+    for key, shape in expected.items():
+        info = have.get(key)
+        if info is not None and tuple(info.shape) != shape:
+            raise BadInput(
+                f"{folder}/config.json disagrees with its weights: {prefix}{key} is {list(info.shape)} in "
+                f"{info.file}, the config makes it {list(shape)}"
+            )
+
+
+def quiet_loading() -> None:
+    """No 'Loading weights' bar and no load report from transformers (for --no-progress)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 def load_target(
     source: str | Path,
     dtype: torch.dtype = torch.float32,
     revision: str | None = None,
     trust_remote_code: bool = False,
     tokenizer: bool = True,
+    progress: bool = True,
 ) -> Target:
     """Load a target from a folder or hub id; multimodal wrappers (Kimi-K2.5) are unwrapped."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    if not progress:
+        quiet_loading()
     folder, _ = resolve_local(source, revision)
     cfg = TargetConfig.from_file(folder)
-    read_header(folder)  # every shard's header is sound before anything is loaded
+    header = read_header(folder)  # every shard's header is sound before anything is loaded
     if cfg.weight_prefix:
         model = _text_model_from_wrapper(folder, cfg, dtype, trust_remote_code)
     else:
         try:
+            config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+        except (OSError, ValueError) as exc:
+            raise BadInput(f"{folder}: transformers cannot load this target ({str(exc).splitlines()[0]})") from None
+        check_config_fits_weights(folder, config, header, "", trust_remote_code)
+        try:
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as exc:
             raise BadInput(f"{folder}: transformers cannot load this target ({str(exc).splitlines()[0]})") from None
+        except RuntimeError as exc:
+            if "mismatch" not in str(exc):
+                raise
+            raise BadInput(
+                f"{folder}/config.json disagrees with its weights (a tensor's size does not match)"
+            ) from None
     tok = None
     if tokenizer and any(folder.glob("tokenizer*")):
         tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)

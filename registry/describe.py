@@ -15,16 +15,21 @@ ORDER = (
     "probe",
     "scale",
     "shape_gate",
+    "lineage",
     "contents",
-)  # the decision first, the inventory last
+)  # the decision first; where the version came from, its settings and its inventory last
 _SECTION = re.compile(r"<!-- ([^>]+?) -->\n(.*?)\n<!-- /\1 -->", re.S)
 
 
 def upsert_section(text: str, key: str, body: str) -> str:
     """`text` with the section `key` replaced by `body` (or added), the sections ordered by ORDER under
-    the unmarked head (what the version is), so the verdict reads before the inventory."""
+    the unmarked head's title line (what the version is), so the verdict reads before the lineage,
+    the settings and the inventory."""
     sections = {m.group(1): m.group(2) for m in _SECTION.finditer(text)}
     head = _SECTION.sub("", text).strip()
+    title, _, rest = head.partition("\n")
+    if rest.strip() and "lineage" not in sections:  # the title stays on top; lineage and settings go below
+        head, sections["lineage"] = title.strip(), rest.strip()
     sections[key] = body.strip()
 
     def rank(k: str) -> int:
@@ -33,6 +38,17 @@ def upsert_section(text: str, key: str, body: str) -> str:
 
     blocks = [f"<!-- {k} -->\n{sections[k]}\n<!-- /{k} -->" for k in sorted(sections, key=rank)]
     return "\n\n".join([head, *blocks] if head else blocks)
+
+
+def run_md(run_id: str, experiment_id: str | None = None) -> str:
+    """A run id as a link the UI follows (markdown in a description; the hash route of MLflow's UI)."""
+    if not run_id:
+        return "none"
+    if experiment_id is None:
+        import mlflow
+
+        experiment_id = mlflow.get_run(run_id).info.experiment_id
+    return f"[`{run_id[:8]}`](#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning)"
 
 
 def set_section(c: Any, name: str, version: str, key: str, body: str) -> None:
@@ -58,24 +74,37 @@ def parameter_count(header: dict[str, Any]) -> int:
 
 
 def refresh_model_page(c: Any, name: str, last_decision: str | None = None) -> None:
-    """The registered model's page answers "which drafter is where, and why": one row per alias with
-    the version's latest evaluations, and the last promotion decision."""
+    """The registered model's page answers "which drafter is where, and why": one row per alias, then
+    every version with what it is, its aliases and its latest evaluations, and the last promotion decision."""
     from registry import naming
 
     rm = c.get_registered_model(name)
     aliases = dict(getattr(rm, "aliases", {}) or {})
+    versions = {
+        str(mv.version): mv
+        for mv in c.search_model_versions(f"name={naming.quote_filter_value(name)}")
+        if mv.tags.get(naming.TAG_COMPLETE) == "true"  # a crash leftover is no version to list
+    }
     rows = []
     for alias in naming.ALIASES:
         version = aliases.get(alias)
-        if version is None:
+        mv = versions.get(str(version)) if version is not None else None
+        if mv is None:
             rows.append(f"| `{alias}` | none | | |")
             continue
-        mv = c.get_model_version(name, str(version))
-        head = next((ln.lstrip("# ").strip() for ln in (mv.description or "").splitlines() if ln.strip()), "")
-        rows.append(f"| `{alias}` | v{version} | {head} | {_evaluations(mv.tags)} |")
+        rows.append(f"| `{alias}` | v{version} | {role(mv)} | {_evaluations(mv.tags)} |")
+    every = []
+    for v in sorted(versions, key=int):
+        mine = sorted(a for a, at in aliases.items() if str(at) == v)
+        every.append(
+            f"| v{v} | {role(versions[v])} | {', '.join(f'`{a}`' for a in mine) or 'none'} | "
+            f"{_evaluations(versions[v].tags)} |"
+        )
     body = (
         "## Where each alias points\n\n| alias | version | what it is | latest evaluation |\n|---|---|---|---|\n"
         + "\n".join(rows)
+        + "\n\n### Every version\n\n| version | what it is | aliases | latest evaluation |\n|---|---|---|---|\n"
+        + "\n".join(every)
         + "\n\n`staging` and `production` move only through `promote`; "
         + guard_sentence(c)
     )
@@ -83,6 +112,12 @@ def refresh_model_page(c: Any, name: str, last_decision: str | None = None) -> N
     if last_decision:
         text = upsert_section(text, "decision", f"## Last promotion decision\n\n{last_decision}")
     c.update_registered_model(name, description=text)
+
+
+def role(mv: Any) -> str:
+    """What a version is, from the first line of its description ('Fine-tuned from models:/x/1')."""
+    head = next((ln.lstrip("# ").strip() for ln in (mv.description or "").splitlines() if ln.strip()), "")
+    return head.replace("|", "/") or "?"
 
 
 def guard_sentence(c: Any) -> str:

@@ -9,6 +9,8 @@ from pathlib import Path
 from drafter.errors import BadInput
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"  # the embedded default store, in the working folder
+PROJECT_EXPERIMENT = "drafterops"  # where the steps log unless MLFLOW_EXPERIMENT_NAME/_ID say otherwise
+EXPERIMENT_KIND = "custom_model_development"  # MLflow 3's runs view (model training), not its GenAI traces
 ALIASES = ("imported", "candidate", "staging", "production")
 PROTECTED_ALIASES = ("staging", "production")  # serving aliases: they move only through `promote`
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")

@@ -234,6 +234,9 @@ def register_drafter(folder: Path, name: str, tags: dict[str, str], description:
             break
         time.sleep(0.1)
     c.set_model_version_tag(name, mv.version, naming.TAG_COMPLETE, "true")
+    from registry.describe import refresh_model_page
+
+    refresh_model_page(c, name)  # the model page lists every version, this one too
     return c.get_model_version(name, mv.version)
 
 

@@ -92,10 +92,26 @@ def step_run(name: str, tags: dict[str, str] | None = None, run_name: str | None
     from registry.store import client
 
     configure_mlflow()
-    client()  # a fresh local store is created once, under its lock, before any run touches it
+    c = client()  # a fresh local store is created once, under its lock, before any run touches it
     nested = mlflow.active_run() is not None
-    run = mlflow.start_run(run_name=name, nested=nested, tags={"drafterops.step": name, **(tags or {})})
+    experiment_id = mlflow.active_run().info.experiment_id if nested else None  # beside its parent
+    if not nested and not os.environ.get("MLFLOW_RUN_ID"):
+        experiment_id = project_experiment(c)
+    elif os.environ.get("MLFLOW_RUN_ID") and not nested:  # `mlflow run` made the run and its experiment
+        with contextlib.suppress(Exception):
+            mark_model_training(c, c.get_run(os.environ["MLFLOW_RUN_ID"]).info.experiment_id)
+    from tuning.workers import RUN_TAG, end_gone_runs, this_worker
+
+    run = mlflow.start_run(
+        experiment_id=experiment_id,
+        run_name=name,
+        nested=nested,
+        tags={"drafterops.step": name, RUN_TAG: this_worker(), **(tags or {})},
+    )
     _STEP_RUNS.append(run.info.run_id)
+    if not nested:  # a run whose process was killed on this host is not left RUNNING forever
+        with contextlib.suppress(Exception):
+            end_gone_runs(c, run.info.experiment_id)
     if run_name:  # named for what it is (a run `mlflow run` created has a random name)
         mlflow.set_tag("mlflow.runName", run_name)
     try:
@@ -114,6 +130,41 @@ def step_run(name: str, tags: dict[str, str] | None = None, run_name: str | None
         raise
     else:
         mlflow.end_run()
+
+
+def project_experiment(c: object) -> str:
+    """The experiment a step logs to: the user's (MLFLOW_EXPERIMENT_ID or _NAME), else `drafterops`,
+    created as a model-training experiment so that MLflow 3 opens it in its runs view."""
+    from mlflow.exceptions import MlflowException
+
+    from registry.naming import EXPERIMENT_KIND, PROJECT_EXPERIMENT
+
+    if os.environ.get("MLFLOW_EXPERIMENT_ID"):
+        return os.environ["MLFLOW_EXPERIMENT_ID"]
+    name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or PROJECT_EXPERIMENT
+    exp = c.get_experiment_by_name(name)
+    if exp is None:
+        try:
+            return c.create_experiment(name, tags={"mlflow.experimentKind": EXPERIMENT_KIND})
+        except MlflowException:  # created meanwhile by a concurrent step
+            exp = c.get_experiment_by_name(name)
+    if exp.lifecycle_stage == "deleted":
+        raise BadInput(f"experiment {name!r} is deleted; restore it (`mlflow experiments restore`) or name another")
+    return exp.experiment_id
+
+
+def mark_model_training(c: object, experiment_id: str) -> None:
+    """An experiment `mlflow run --experiment-name` created has no kind: say it is model training."""
+    from registry.naming import EXPERIMENT_KIND
+
+    if experiment_id != "0" and "mlflow.experimentKind" not in c.get_experiment(experiment_id).tags:
+        c.set_experiment_tag(experiment_id, "mlflow.experimentKind", EXPERIMENT_KIND)
+
+
+def run_link(c: object, run_id: str) -> str:
+    """The run's page in the MLflow UI's runs view (a UI started on this store, on its default port)."""
+    exp = c.get_run(run_id).info.experiment_id
+    return f"http://127.0.0.1:5000/#/experiments/{exp}/runs/{run_id}?workflowType=machine_learning"
 
 
 def _mark(code: int, trace: str | None) -> None:

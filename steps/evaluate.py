@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput(f"--engine {engine} measures on prompts: give --prompts")
     if engine != "in-process":
         check_engine_reachable(engine, endpoint, none_if_empty(args.engine_python))
-    target = load_target(args.target) if reference or data_dir else None
+    target = load_target(args.target, progress=args.progress) if reference or data_dir else None
     drafter = (
         load_drafter(folder, embedding=target.embedding_weight.detach().float()).eval() if target is not None else None
     )
@@ -282,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
                     mv.name,
                     mv.version,
                     naming.eval_tag(profile.name, key),
-                    f"{value:.4f}" if isinstance(value, float) else str(value),
+                    repr(float(value)) if isinstance(value, float) else str(value),  # rounded where shown, never here
                 )
             # pointers for the UI to the latest record; decisions read the records themselves
             c.set_model_version_tag(
@@ -295,6 +295,7 @@ def run(args: argparse.Namespace) -> int:
                     run.engine_version if run is not None else "in-process", by_class, scope,
                 ),
             )  # fmt: skip
+            describe.refresh_model_page(c, mv.name)  # its latest evaluation, in the every-version table
     print(summary(name, profile.name, metrics))
     if measured is not None:
         print(f"evaluate: {deployment.basis()}")
@@ -390,6 +391,8 @@ def evaluation_section(
     figures=None, scope: str = "workload",
 ) -> str:  # fmt: skip
     """What the version page says about its latest evaluation on a profile: the verdict, then each class."""
+    from registry.describe import run_md
+
     be, L, lo, hi = m["break_even_accept_len"], m["accept_len"], m["accept_len_ci_low"], m["accept_len_ci_high"]
     verdict = "beats break-even" if lo > be else ("above break-even on the mean only" if be < L else "below break-even")
     what = "the traffic mix" if figures is not None and len(figures[0]) > 1 else "the pinned prompts"
@@ -398,7 +401,7 @@ def evaluation_section(
         "| accept_len [95% CI] | break-even | projected tok/s | sim_accept_len | draft steps | prompts | engine | run |"
         "\n|---|---|---|---|---|---|---|---|\n"
         f"| **{L:.3f}** [{lo:.3f}, {hi:.3f}] | {be:.2f} | {m['projected_tps']:.1f} ({m['projected_speedup']:.2f}x) | "
-        f"{m.get('sim_accept_len', float('nan')):.3f} | {k} | {prompts} | {engine} | `{run_id}` |\n"
+        f"{m.get('sim_accept_len', float('nan')):.3f} | {k} | {prompts} | {engine} | {run_md(run_id)} |\n"
     )
     if figures is not None and len(figures[0]) > 1:
         text += "\n" + class_markdown(*figures)

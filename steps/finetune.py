@@ -18,6 +18,7 @@ from drafter.memory_plan import GIB
 from drafter.train import TrainConfig
 from steps._cli import integer, log_params, none_if_empty, parser, run_step, step_run
 from steps.import_drafter import MINIWORLD
+from tuning.outcome import finish, verdict
 from tuning.space import DEFAULT_BASELINE, DEFAULT_SPACE
 
 
@@ -203,7 +204,9 @@ def run(args: argparse.Namespace) -> int:
             study.optimize(
                 objective, catch=(TrainingDiverged, OverBudget), callbacks=[studies.stop_at_budget(n_trials)]
             )
-        best = finish(study, study_name)
+        kind = "scratch" if args.init == "scratch" else "warm"
+        best = finish(study, study_name, kind)
+        log_params({f"best.{k}": v for k, v in (best.user_attrs.get("settings") or best.params).items()})
         best_dir = Path(
             mlflow.artifacts.download_artifacts(
                 run_id=best.user_attrs["mlflow_run_id"],
@@ -213,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
         )
         version = register_best(best_dir, name, parent, dataset, best, alias, mlflow.active_run().info.run_id)
         shutil.rmtree(best_dir.parent, ignore_errors=True)
+        mlflow.set_tag("mlflow.note.content", verdict(study, best, f"models:/{name}/{version}"))
     states = [t.state.name for t in study.trials if not t.user_attrs.get("over_budget")]
     print(
         f"finetune: best trial {best.number} val_sim_accept_len {best.value:.3f} at {profile.draft_steps} draft steps "
@@ -220,36 +224,6 @@ def run(args: argparse.Namespace) -> int:
         f"-> models:/{name}/{version}"
     )
     return 0
-
-
-def finish(study: Any, study_name: str) -> Any:
-    """The study's counts, figures and best trial on the step's run (and how far it moved from the baseline)."""
-    import mlflow
-    from optuna.trial import TrialState
-
-    from tuning.study import log_figures
-
-    trials = [t for t in study.trials if not t.user_attrs.get("over_budget")]
-    states = [t.state.name for t in trials]
-    mlflow.log_metrics(
-        {
-            "trials_complete": states.count("COMPLETE"),
-            "trials_pruned": states.count("PRUNED"),
-            "trials_failed": states.count("FAIL"),
-        }
-    )
-    log_figures(study)
-    complete = [t for t in trials if t.state == TrialState.COMPLETE and "mlflow_run_id" in t.user_attrs]
-    if not complete:
-        raise BadInput(f"no trial of study {study_name!r} completed; nothing registered")
-    best = max(complete, key=lambda t: t.value)
-    mlflow.log_metric("best_val_sim_accept_len", best.value)
-    baseline = next((t for t in complete if t.user_attrs.get("baseline")), None)
-    if baseline is not None:
-        mlflow.log_metric("baseline_val_sim_accept_len", baseline.value)
-        mlflow.log_metric("best_gain_over_baseline", best.value - baseline.value)
-    log_params({f"best.{k}": v for k, v in (best.user_attrs.get("settings") or best.params).items()})
-    return best
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from drafter.errors import INTERNAL_ERROR, BadInput, DrafterOpsError, GateRefused
-from steps._cli import log_params, parser, run_step, step_run
+from steps._cli import log_params, parser, run_link, run_step, step_run
 from steps.import_drafter import MINIWORLD
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -225,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
         decision = c.get_run(pr_run).data.tags.get("promotion", "")
         served = calibrated_lines(p, work, args.calibrate, results, load_profile(args.profile).draft_steps)
         seconds = time.perf_counter() - t_start
-        text = summary(name, results, args.profile, decision, seconds, served)
+        text = summary(name, results, args.profile, decision, seconds, served, where_now(c, name, drafters))
         mlflow.log_text(text + "\n", "summary.md")
         mlflow.set_tag("mlflow.note.content", text)  # the run's description in the UI is its summary
         mlflow.log_figure(comparison_figure(results, args.profile), "drafters_vs_break_even.png")
@@ -234,8 +234,15 @@ def run(args: argparse.Namespace) -> int:
         rows = [{"drafter": label, "version": v, **m} for label, (v, m) in results.items()]
         mlflow.log_table(pd.DataFrame(rows), artifact_file="drafters.json")
         best = max(results.values(), key=lambda vm: vm[1].get("accept_len", 0.0))[1]
+        cand = results["fine-tuned"][1]
         mlflow.log_metrics(
-            {"best_accept_len": best.get("accept_len", 0.0), "break_even_accept_len": best["break_even_accept_len"]}
+            {
+                "best_accept_len": best.get("accept_len", 0.0),
+                "break_even_accept_len": best["break_even_accept_len"],
+                # the candidate's gap to break-even (> 0: short of it), as promote measured it
+                "shortfall_vs_break_even": cand["break_even_accept_len"] - cand["accept_len"],
+                "ci_low_shortfall": cand["break_even_accept_len"] - cand["accept_len_ci_low"],
+            }
         )
         mlflow.set_tag("promotion", decision)
     print("\n".join(p.log))
@@ -244,10 +251,22 @@ def run(args: argparse.Namespace) -> int:
 
     reconcile.warn_if_disagreeing(c, name, "main")
     print(
-        f"\nBrowse it: mlflow ui --backend-store-uri {c.tracking_uri}   (then open http://127.0.0.1:5000, "
-        f"Models -> {name})"
+        f"\nBrowse it: mlflow ui --backend-store-uri {c.tracking_uri}\n"
+        f"  this run:  {run_link(c, parent.info.run_id)}\n"
+        f"  the model: http://127.0.0.1:5000/#/models/{name}"
     )
     return 0
+
+
+def where_now(c: Any, name: str, drafters: dict[str, str]) -> str:
+    """'fine-tuned v2 is `candidate`, ...': where each drafter of this run stands in the registry now."""
+    aliases = dict(getattr(c.get_registered_model(name), "aliases", {}) or {})
+    by_version: dict[str, list[str]] = {}
+    for alias, version in aliases.items():
+        by_version.setdefault(str(version), []).append(f"`{alias}`")
+    parts = [f"{label} v{v} is {' and '.join(sorted(by_version[v])) if v in by_version else 'on no alias'}"
+             for label, v in drafters.items()]  # fmt: skip
+    return "Where each drafter is now: " + "; ".join(parts) + "."
 
 
 def engine_ready(wanted: str) -> bool:
@@ -326,6 +345,7 @@ def summary(
     decision: str,
     seconds: float,
     served: list[str] | None = None,
+    where: str = "",
 ) -> str:
     be_all = next(iter(results.values()))[1].get("break_even_accept_len", float("nan"))
     winners = [f"{label} v{v}" for label, (v, m) in results.items() if m.get("accept_len_ci_low", 0) > be_all]
@@ -343,6 +363,7 @@ def summary(
         "",
         headline,
         "",
+        *([where, ""] if where else []),
         "| drafter | version | accept_len [95% CI] | sim_accept_len | projected tok/s | break-even | beats it |",
         "|---|---|---|---|---|---|---|",
     ]

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput("give --drafter (its config names the aux layers) or --layers")
     records = read_prompts(args.prompts, args.limit or None)
     preflight(args.out)
-    target = load_target(args.target)
+    target = load_target(args.target, progress=args.progress)
     target.check_layer_ids(layers)
     h = target.config.hidden_size
     if drafter_cfg is not None and drafter_cfg.target_hidden != h:

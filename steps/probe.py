@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     from drafter.capture import capture_records
     from drafter.checkpoint import load_drafter
-    from drafter.cost import load_profile
+    from drafter.cost import break_even_accept_len, load_profile
     from drafter.data import HiddenStateDataset
     from drafter.probe import compare, figure, verdict
     from drafter.prompts import read_prompts
@@ -68,6 +68,13 @@ def run(args: argparse.Namespace) -> int:
             raise BadInput(f"{args.old_target} vs {args.new_target}: {exc}") from None
     old, new = zero_shot["old"], zero_shot["new"]
     line = verdict(sim, old.sim_accept_len, new.sim_accept_len)
+    be = break_even_accept_len(profile.binding())
+    gap = be - new.sim_accept_len
+    against = (
+        f"Zero-shot on the new target: sim_accept_len {new.sim_accept_len:.2f} against break-even {be:.2f} on "
+        f"`{profile.name}` ({'short by' if gap > 0 else 'above it by'} {abs(gap):.2f}). "
+        f"Measured on {len(records)} prompts ({sim.tokens} tokens)."
+    )
     table = "\n".join(
         ["| states | mean cosine | linear CKA |", "|---|---|---|"]
         + [f"| {'layer ' + s.layer if s.layer != 'final' else 'final norm'} | {s.cosine:.3f} | {s.cka:.3f} |"
@@ -79,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     label = f"{mv.name} v{mv.version}" if mv is not None else Path(folder).name
     old_name, new_name = Path(str(args.old_target)).name, Path(str(args.new_target)).name
-    print(f"probe {label}: {old_name} -> {new_name} on {sim.tokens} tokens\n\n{table}\n\nprobe: {line}")
+    print(f"probe {label}: {old_name} -> {new_name} on {sim.tokens} tokens\n\n{table}\n\nprobe: {line}\n{against}")
     with step_run("probe", run_name=f"probe {label}: {old_name} -> {new_name}"):
         log_params({"drafter": args.drafter, "old_target": args.old_target, "new_target": args.new_target,
                     "prompts": args.prompts, "limit": limit, "profile": profile.name, "draft_steps": k,
@@ -87,11 +94,12 @@ def run(args: argparse.Namespace) -> int:
         metrics = {f"probe_cos_{s.layer}": s.cosine for s in sim.layers}
         metrics |= {f"probe_cka_{s.layer}": s.cka for s in sim.layers}
         metrics |= {"probe_token_agreement": sim.token_agreement, "zero_shot_sim_accept_len_old": old.sim_accept_len,
-                    "zero_shot_sim_accept_len_new": new.sim_accept_len}  # fmt: skip
+                    "zero_shot_sim_accept_len_new": new.sim_accept_len, "break_even_accept_len": be,
+                    "shortfall_vs_break_even": gap, "prompts": len(records)}  # fmt: skip
         for side, st in (("old", old), ("new", new)):
             metrics |= {f"zero_shot_acc_pos_{i}_{side}": a for i, a in enumerate(st.conditional_acceptance)}
         mlflow.log_metrics(metrics)
-        mlflow.set_tags({"probe.verdict": line, "mlflow.note.content": f"**{line}**\n\n{table}"})
+        mlflow.set_tags({"probe.verdict": line, "mlflow.note.content": f"**{line}**\n\n{against}\n\n{table}"})
         mlflow.log_text(table + f"\n\n{line}\n", "probe.md")
         mlflow.log_figure(
             figure(sim, old.conditional_acceptance, new.conditional_acceptance, f"{label}: {old_name} -> {new_name}"),
@@ -109,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
                 c.set_model_version_tag(mv.name, mv.version, f"probe.{new_name}.{key}", value[:5000])
             describe.set_section(
                 c, mv.name, mv.version, f"probe:{new_name}",
-                f"## Probe {old_name} -> {new_name}\n\n{line}\n\n{table}\n\nRun `{run_id}`.",
+                f"## Probe {old_name} -> {new_name}\n\n{line}\n\n{against}\n\n{table}\n\n"
+                f"Run {describe.run_md(run_id)}.",
             )  # fmt: skip
     return 0
 

@@ -75,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
 
             log_params({"model": args.model, "profile": profile.name, "stage": args.stage, "margin": margin})
             mlflow.log_text(text + "\n", "promotion.md")
+            mlflow.set_tag("mlflow.note.content", verdict(mv.version, args.stage, decision, candidate) + "\n\n" + text)
+            mlflow.log_metrics(gap_metrics(candidate))
             mlflow.set_tags(
                 {
                     "promotion": decision.summary()[:4000],
@@ -103,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
             describe.set_section(
                 c, mv.name, mv.version, f"promotion:{args.stage}",
                 f"## Promotion to {args.stage} on `{profile.name}`: {'promoted' if decision.allowed else 'refused'}"
-                "\n\n" + "\n".join(lines[2:-1]) + f"\n\nDecided {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+                "\n\n" + "\n".join(lines[2:-1]) + f"\n\nDecided {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
+                f"(run {describe.run_md(mlflow.active_run().info.run_id, mlflow.active_run().info.experiment_id)}; "
+                f"evidence {describe.run_md(decision.evidence_run or '')}).",
             )  # fmt: skip
             if decision.allowed:  # the alias moves last, after every check and record
                 audit.move_alias(c, mv.name, args.stage, mv.version, decision.summary(), by_promote=True,
@@ -111,6 +115,37 @@ def run(args: argparse.Namespace) -> int:
                                  f"{profile.digest[:16]}, margin {margin:g}")  # fmt: skip
             describe.refresh_model_page(c, mv.name, f"v{mv.version} -> {args.stage}: {decision.summary()}")
     return 0 if decision.allowed else 1
+
+
+def binding_break_even(ev) -> float | None:
+    """The break-even the version must clear: the hardest operating point that carries traffic."""
+    points = [be for _, _, be in ev.operating_points] or ([ev.break_even] if ev.break_even is not None else [])
+    return max(points) if points else None
+
+
+def gap_metrics(ev) -> dict[str, float]:
+    """How far the deciding evidence is from break-even (> 0: short of it), as metrics a chart can show."""
+    be = binding_break_even(ev)
+    if ev.accept_len is None or be is None:
+        return {}
+    out = {"accept_len": ev.accept_len, "break_even_accept_len": be, "shortfall_vs_break_even": be - ev.accept_len}
+    if ev.ci_low is not None:
+        out |= {"accept_len_ci_low": ev.ci_low, "ci_low_shortfall": be - ev.ci_low}
+    return out
+
+
+def verdict(version: str, stage: str, decision, ev) -> str:
+    """The run's first sentence: what was decided and by how much, before the table of rules."""
+    be = binding_break_even(ev)
+    if decision.allowed:
+        by = (
+            f": accept_len_ci_low {ev.ci_low:.3f} clears break-even {be:.3f} by {ev.ci_low - be:.3f}"
+            if (ev.ci_low is not None and be is not None and stage == "production")
+            else ""
+        )
+        return f"**Promoted v{version} to {stage}**{by}."
+    failed = "; ".join(r.detail for r in decision.reasons if not r.ok)
+    return f"**Refused v{version} for {stage}**: {failed}."
 
 
 def recommended_depth(profile, ev) -> str:

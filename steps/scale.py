@@ -65,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     from drafter.cost import break_even_accept_len, load_profile, plan_table
     from drafter.data import HiddenStateDataset
     from drafter.scaling import estimate, generation_hours, storage_gib
+    from drafter.scaling_report import figure, headline, rows, sig, warnings_for
+    from drafter.scaling_report import table as table_text
     from drafter.train import TrainConfig
     from tuning.ladder import run_point
     from tuning.register import prepare_init
@@ -103,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
         for start in ("warm", "scratch"):
             for size in sizes:
                 for seed in seeds:
-                    with mlflow.start_run(run_name=f"{start} n={size} seed {seed}", nested=True):
+                    with mlflow.start_run(run_name=f"{start} n={size} seed {seed}", nested=True,
+                                          experiment_id=mlflow.active_run().info.experiment_id):  # fmt: skip
                         pt = run_point(start, base, scratch_cfg, dataset, val, base_cfg, size, seed, epochs)
                         mlflow.log_params({"start": start, "samples": size, "seed": seed, "steps": pt.steps})
                         mlflow.log_metric("val_sim_accept_len", pt.val_sim_accept_len)
@@ -122,27 +125,12 @@ def run(args: argparse.Namespace) -> int:
                 mlflow.set_tag(f"scale.{start}.fit", f"failed: {exc}")
                 if start == "warm":
                     mlflow.set_tag("samples_for_break_even", f"not estimated: the warm fit failed ({exc})")
-        table = ["| start | target tok/s | accept_len needed | samples [90% band] | generation (h) | storage (GiB) |",
-                 "|---|---|---|---|---|---|"]  # fmt: skip
-        for start, by_row in fits.items():
-            for row in rows_plan:
-                est = by_row[row.target_tps]
-                if row.required_accept_len >= ceiling:
-                    cell, hours, gib = (
-                        f"not reachable with {profile.draft_steps} draft steps (max {ceiling:g})",
-                        "-",
-                        "-",
-                    )
-                elif est.reachable:
-                    high = f"{est.high:,.0f}" if est.high < 1e12 else "beyond 1e12"
-                    cell = f"{est.samples:,.0f} [{est.low:,.0f}, {high}]"
-                    hours = f"{generation_hours(est.samples, tokens_per_sample, profile.baseline_tps):.2f}"
-                    gib = f"{storage_gib(est.samples, tokens_per_sample, round(bytes_per_token)):.3f}"
-                else:
-                    cell, hours, gib = est.why_not, "-", "-"
-                table.append(
-                    f"| {start} | {row.target_tps:g} | {row.required_accept_len:.2f} | {cell} | {hours} | {gib} |"
-                )
+        all_rows = rows(
+            fits, rows_plan, ceiling, profile.draft_steps,
+            lambda n: generation_hours(n, tokens_per_sample, profile.baseline_tps),
+            lambda n: storage_gib(n, tokens_per_sample, round(bytes_per_token)),
+        )  # fmt: skip
+        table = table_text(all_rows)
         metrics = {}
         warm = fits.get("warm", {}).get(profile.baseline_tps)
         if warm is not None and warm.reachable:
@@ -161,11 +149,18 @@ def run(args: argparse.Namespace) -> int:
             curve = by_row[profile.baseline_tps].curve
             metrics |= {f"curve_{start}_a": curve.a, f"curve_{start}_b": curve.b, f"curve_{start}_c": curve.c}
         metrics |= half_ladder_check(points, sizes, ceiling)
+        at_largest = [p.val_sim_accept_len for p in points if p.start == "warm" and p.samples == max(sizes)]
+        metrics["shortfall_vs_break_even"] = be - sum(at_largest) / len(at_largest)  # measured, largest rung
         mlflow.log_metrics(metrics)
-        text = "\n".join(table)
+        warn = warnings_for(warm, max(sizes), ceiling) if warm is not None else []
+        if warn:
+            mlflow.set_tag("scale.warning", "; ".join(warn)[:5000])
+        top = headline("warm", warm, be, profile.name, sizes, len(seeds), warn)
+        text = f"{top}\n\n{table}"
         mlflow.log_text(text + "\n", "scale.md")
         mlflow.log_table(pd.DataFrame([p.__dict__ for p in points]), artifact_file="ladder.json")
-        mlflow.log_figure(_figure(points, fits, profile, be), "learning_curve.png")
+        fig = figure(points, fits, profile.baseline_tps, be, profile.name, profile.draft_steps)
+        mlflow.log_figure(fig, "learning_curve.png")
         lines.append(text)
         mlflow.set_tag("mlflow.note.content", text)
         if version is not None:  # the answer sits on the page of the drafter it concerns
@@ -174,14 +169,16 @@ def run(args: argparse.Namespace) -> int:
             c, run_id = store.client(), mlflow.active_run().info.run_id
             answer = mlflow.get_run(run_id).data.tags.get("samples_for_break_even", "")[:250]  # why not
             if "samples_for_break_even" in metrics:
-                answer = f"{metrics['samples_for_break_even']:,.0f}"
+                answer = sig(metrics["samples_for_break_even"]) + (
+                    " (extrapolated far beyond the ladder)" if warn else ""
+                )
             c.set_model_version_tag(
                 version.name, version.version, f"scale.{profile.name}.samples_for_break_even", answer
             )
             c.set_model_version_tag(version.name, version.version, f"scale.{profile.name}.run", run_id)
             describe.set_section(
                 c, version.name, version.version, f"scale:{profile.name}",
-                f"## How much data on `{profile.name}`\n\n{text}\n\nRun `{run_id}`.",
+                f"## How much data on `{profile.name}`\n\n{text}\n\nRun {describe.run_md(run_id)}.",
             )  # fmt: skip
     print("\n".join(lines))
     return 0
@@ -206,36 +203,6 @@ def half_ladder_check(points, sizes: list[int], ceiling: float) -> dict[str, flo
         out[f"{start}_half_fit_at_largest"] = float(curve(largest))
         out[f"{start}_measured_at_largest"] = sum(measured) / len(measured)
     return out
-
-
-def _figure(points, fits, profile, be):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    colors = {"warm": "tab:blue", "scratch": "tab:orange"}
-    top = max(p.samples for p in points)
-    for start, color in colors.items():
-        mine = [p for p in points if p.start == start]
-        ax.scatter([p.samples for p in mine], [p.val_sim_accept_len for p in mine], color=color, label=f"{start} runs")
-        if start in fits:
-            est = fits[start][profile.baseline_tps]
-            reach = est.samples if est.reachable else top * 30
-            grid = np.geomspace(min(p.samples for p in mine), max(reach, top) * 1.5, 200)
-            ax.plot(grid, est.curve(grid), color=color, label=f"{start} fit (ceiling {est.curve.a:.2f})")
-            if est.reachable:
-                ax.errorbar([est.samples], [be], xerr=[[est.samples - est.low], [max(est.high - est.samples, 0)]],
-                            fmt="o", color=color, capsize=4)  # fmt: skip
-    ax.axhline(be, color="black", linestyle="--", label=f"break-even {be:.2f} ({profile.name})")
-    ax.set_xscale("log")
-    ax.set_xlabel("training samples (conversations)")
-    ax.set_ylabel(f"val sim_accept_len at {profile.draft_steps} draft steps")
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    return fig
 
 
 def main(argv: list[str] | None = None) -> None:

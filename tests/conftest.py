@@ -239,7 +239,8 @@ def main_command(tmp: Path) -> tuple[list[str], dict[str, str]]:
         "DRAFTEROPS_CACHE": str(tmp / "cache"),
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
     }
-    cmd = [str(Path(sys.executable).with_name("mlflow")), "run", str(root), "--env-manager", "local"]
+    cmd = [str(Path(sys.executable).with_name("mlflow")), "run", str(root), "--env-manager", "local",
+           "--experiment-name", "drafterops"]  # fmt: skip
     cmd += ["-P", f"workdir={tmp / 'work'}", *[x for k, v in MAIN_PARAMS.items() for x in ("-P", f"{k}={v}")]]
     return cmd, env
 
@@ -253,3 +254,14 @@ def main_job(tmp_path_factory):
     cmd, env = main_command(tmp)
     first = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=1500)
     return tmp, cmd, env, first
+
+
+def project_runs(c, filter_string: str = "", **kwargs) -> list:
+    """The runs the steps logged to the project's experiment (`drafterops`); none when it does not exist."""
+    exp = c.get_experiment_by_name("drafterops")
+    return c.search_runs([exp.experiment_id], filter_string=filter_string, **kwargs) if exp else []
+
+
+def all_runs(c) -> list:
+    """Every run in every experiment of a store (to check that nothing was written)."""
+    return c.search_runs([e.experiment_id for e in c.search_experiments()])

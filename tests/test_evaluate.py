@@ -5,7 +5,7 @@ import mlflow
 import pytest
 
 from drafter.evaluation import OnlineResult
-from tests.conftest import run_step
+from tests.conftest import project_runs, run_step
 from tests.test_data import PROMPTS, write_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,9 +71,7 @@ def test_evaluate_logs_metrics_plots_and_tags(tiny_targets, registered):
     assert res.returncode == 0, res.stderr[-3000:]
     assert "break-even 2.46" in res.stdout
     c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
-    run = c.search_runs(
-        [c.get_experiment_by_name("Default").experiment_id], filter_string="tags.`drafterops.step` = 'evaluate'"
-    )[0]
+    run = project_runs(c, filter_string="tags.`drafterops.step` = 'evaluate'")[0]
     m = run.data.metrics
     for key in (
         "accept_len",
@@ -98,7 +96,7 @@ def test_evaluate_logs_metrics_plots_and_tags(tiny_targets, registered):
     }
     tags = c.get_model_version("k25-tiny-eagle3", "1").tags
     assert float(tags["eval.kimi-k2.5-8xrtxpro6000.accept_len"]) == pytest.approx(m["accept_len"], abs=1e-4)
-    assert tags["eval.kimi-k2.5-8xrtxpro6000.break_even"] == "2.4600"
+    assert float(tags["eval.kimi-k2.5-8xrtxpro6000.break_even"]) == pytest.approx(2.46)
     description = c.get_model_version("k25-tiny-eagle3", "1").description
     assert "## Evaluation on `kimi-k2.5-8xrtxpro6000`: the traffic mix below break-even" in description
     assert "| **mix** |" in description and "| docs | 25% | 1 |" in description

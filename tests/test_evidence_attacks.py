@@ -19,7 +19,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from tests.conftest import run_step
+from tests.conftest import project_runs, run_step
 from tests.test_promote import MANY, register_gated, write_profiles
 
 NAME = "k25-tiny-eagle3"
@@ -164,7 +164,7 @@ def test_deleting_or_failing_the_unfavourable_record_withdraws_nothing(store):
     c = _client(tmp)
     for seed in ("0", "7"):
         _evaluate(tmp, "1", "sampled.yaml", "--seed", seed, target=target)
-    runs = c.search_runs(["0"], filter_string="tags.`evidence.profile` = 'sampled'")
+    runs = project_runs(c, filter_string="tags.`evidence.profile` = 'sampled'")
     worst = min(runs, key=lambda r: r.data.metrics["accept_len_ci_low"]).info.run_id
     assert len({r.data.metrics["accept_len_ci_low"] for r in runs}) == 2
 

@@ -12,7 +12,7 @@ import mlflow
 import pytest
 
 from drafter.checkpoint import save_drafter
-from tests.conftest import run_step, step_env, tiny_drafter
+from tests.conftest import all_runs, project_runs, run_step, step_env, tiny_drafter
 from tests.test_data import PROMPTS, write_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,6 +87,30 @@ def test_names_that_would_break_filters_or_paths(drafter_dir, tiny_targets, tmp_
     assert registered_models(tmp_path) == []
 
 
+@pytest.mark.parametrize("which", ["flat", "wrapped"])
+def test_a_target_whose_config_disagrees_with_its_weights(drafter_dir, tiny_targets, tmp_path, which):
+    """probe (and every step that loads a target) names the tensor, exit 2, before loading a byte; and
+    --no-progress means no loading bar from transformers on the good target either."""
+    import shutil
+
+    good = tiny_targets[0] if which == "flat" else tiny_targets[1]
+    bad = tmp_path / "bad"
+    shutil.copytree(good, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    (cfg if which == "flat" else cfg["text_config"])["intermediate_size"] *= 2
+    (bad / "config.json").write_text(json.dumps(cfg))
+    prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS[:2])
+    res = run_step(
+        "probe",
+        ["--drafter", str(drafter_dir), "--old_target", str(tiny_targets[0]), "--new_target", str(bad),
+         "--prompts", str(prompts), "--no-progress"],
+        tmp_path,
+    )  # fmt: skip
+    one_line_exit_2(res, "config.json disagrees with its weights", "mlp")
+    assert "Loading weights" not in res.stdout + res.stderr
+    assert not (tmp_path / "mlflow.db").exists() or not all_runs(mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db"))
+
+
 def test_unknown_stage_and_bad_arguments_are_one_line(tmp_path):
     one_line_exit_2(run_step("promote", ["--stage", "archived"], tmp_path), "--stage", "archived")
     one_line_exit_2(run_step("plan", ["--nope", "1"], tmp_path), "unrecognized arguments")
@@ -107,9 +131,9 @@ def test_an_unreachable_engine_is_bad_input_before_any_decoding(tmp_path, extra,
     args = ["--model", str(ROOT / "miniworld" / "aq-mini-eagle3"), "--engine", "vllm", "--class", "code", *extra]
     res = run_step("evaluate", args, tmp_path)
     one_line_exit_2(res, needle)
-    assert not (tmp_path / "mlflow.db").exists() or not mlflow.MlflowClient(
-        f"sqlite:///{tmp_path / 'mlflow.db'}"
-    ).search_runs(["0"])
+    assert not (tmp_path / "mlflow.db").exists() or not all_runs(
+        mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    )
 
 
 def _rewrite_offsets(path: Path, change) -> None:
@@ -174,7 +198,7 @@ def test_a_crash_is_exit_3_with_the_traceback_kept(tmp_path):
     logs = list((tmp_path / "logs").glob("plan-*.log"))
     assert len(logs) == 1 and "Traceback" in logs[0].read_text() and str(logs[0]) in err
     c = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
-    (run,) = c.search_runs([c.get_experiment_by_name("Default").experiment_id])
+    (run,) = project_runs(c)
     assert run.info.status == "FAILED" and run.data.tags["drafterops.exit_code"] == "3"
     trace = c.download_artifacts(run.info.run_id, "error/traceback.txt", str(tmp_path))
     assert "failpoint plan" in Path(trace).read_text()

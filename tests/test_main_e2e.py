@@ -4,6 +4,8 @@ import subprocess
 
 import mlflow
 
+from tests.conftest import project_runs
+
 
 def test_main_pipeline_registers_three_drafters_and_gates_production(main_job):
     tmp_path, cmd, env, first = main_job
@@ -37,11 +39,11 @@ def test_main_pipeline_registers_three_drafters_and_gates_production(main_job):
     for v in (imported, candidate, scratch):
         assert f"## Evaluation on `{profile}`" in c.get_model_version(name, v.version).description
     assert "## Promotion to production" in c.get_model_version(name, candidate.version).description
-    (main_run,) = c.search_runs(["0"], filter_string="tags.`drafterops.step` = 'main'")
+    (main_run,) = project_runs(c, filter_string="tags.`drafterops.step` = 'main'")
     assert "| fine-tuned |" in main_run.data.tags["mlflow.note.content"]
     assert "drafters_vs_break_even.png" in [a.path for a in c.list_artifacts(main_run.info.run_id)]
     # one vocabulary: every parameter has a value (asked, and resolved where the step worked it out)
-    runs = c.search_runs(["0"])
+    runs = project_runs(c)
     assert all(v not in ("", "''") for r in runs for v in r.data.params.values())
     evaluations = [r for r in runs if r.data.tags.get("drafterops.step") == "evaluate"]
     assert {r.data.params["draft_steps"] for r in evaluations} == {"auto"}
@@ -54,8 +56,28 @@ def test_main_pipeline_registers_three_drafters_and_gates_production(main_job):
         assert "### Tensors" in c.get_model_version(name, v.version).description
     audit = c.search_runs([c.get_experiment_by_name("drafterops-audit").experiment_id])
     assert audit and all(r.data.tags.get("reason") for r in audit)
-    refusals = c.search_runs(["0"], filter_string="tags.`drafterops.outcome` = 'refused'")
+    refusals = project_runs(c, filter_string="tags.`drafterops.outcome` = 'refused'")
     assert all(r.info.status == "FINISHED" for r in refusals)
+    # every decision run opens with its verdict and carries its gap to break-even as metrics
+    (promote_run,) = project_runs(c, filter_string="tags.`drafterops.step` = 'promote'")
+    note = promote_run.data.tags["mlflow.note.content"]
+    assert note.startswith(("**Refused v", "**Promoted v"))
+    if "evaluation(s) counts" not in note:  # a decision on evidence logs its gap (none: nothing to measure it by)
+        assert {"shortfall_vs_break_even", "ci_low_shortfall"} <= set(promote_run.data.metrics)
+    assert {"shortfall_vs_break_even", "ci_low_shortfall"} <= set(main_run.data.metrics)
+    assert "Where each drafter is now" in main_run.data.tags["mlflow.note.content"]
+    finetunes = project_runs(c, filter_string="tags.`drafterops.step` = 'finetune'")
+    assert len(finetunes) == 2
+    for ft in finetunes:
+        note = ft.data.tags["mlflow.note.content"]
+        assert note.startswith("**") and "trials pruned" in note and f"registered as `models:/{name}/" in note
+        trials = project_runs(c, filter_string=f"tags.mlflow.parentRunId = '{ft.info.run_id}'")
+        kind = "scratch" if ft.data.params["init"] == "scratch" else "warm"
+        assert trials and all(f" {kind}" in t.info.run_name for t in trials)
+        assert sum(t.info.run_name.endswith(" best") for t in trials) == 1
+    trial_names = [r.info.run_name for r in runs if r.info.run_name.startswith("trial ")]
+    assert len(set(trial_names)) == len(trial_names)  # warm and scratch trials are told apart
+    assert not [r.info.run_name for r in runs if r.info.status == "RUNNING"]
     # a rerun continues from the finished steps instead of redoing them
     again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]

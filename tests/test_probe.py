@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from drafter.probe import StreamingCKA
-from tests.conftest import run_step, save_tiny_drafter
+from tests.conftest import project_runs, run_step, save_tiny_drafter
 from tests.test_data import PROMPTS, write_prompts
 
 
@@ -61,7 +61,7 @@ def probe(tmp, old, new):
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
-    run = c.search_runs(["0"], filter_string="tags.`drafterops.step` = 'probe'", order_by=["start_time DESC"])[0]
+    run = project_runs(c, filter_string="tags.`drafterops.step` = 'probe'", order_by=["start_time DESC"])[0]
     return run, res.stdout
 
 
@@ -74,7 +74,7 @@ def test_identical_targets_give_cosine_and_cka_one_and_zero_shot_is_evaluates_of
         assert m[f"probe_cka_{layer}"] == pytest.approx(1.0, abs=1e-3)
     assert m["probe_token_agreement"] == 1.0
     assert m["zero_shot_sim_accept_len_old"] == m["zero_shot_sim_accept_len_new"]
-    assert "expect a warm start to help" in out and "probe.png" in [a.path for a in mlflow.MlflowClient(
+    assert "Expect a warm start to help" in out and "probe.png" in [a.path for a in mlflow.MlflowClient(
         f"sqlite:///{world}/mlflow.db").list_artifacts(run.info.run_id)]  # fmt: skip
 
     # the zero-shot figure is evaluate's offline column on the same prompts
@@ -89,7 +89,7 @@ def test_identical_targets_give_cosine_and_cka_one_and_zero_shot_is_evaluates_of
                                "--prompts", "none"], world)  # fmt: skip
     assert ev.returncode == 0, ev.stderr[-2000:]
     c = mlflow.MlflowClient(f"sqlite:///{world}/mlflow.db")
-    offline = c.search_runs(["0"], filter_string="tags.`drafterops.step` = 'evaluate'")[0].data.metrics
+    offline = project_runs(c, filter_string="tags.`drafterops.step` = 'evaluate'")[0].data.metrics
     assert m["zero_shot_sim_accept_len_new"] == pytest.approx(offline["sim_accept_len"], abs=1e-6)
 
 
@@ -109,7 +109,7 @@ def test_a_traffic_class_of_the_profile_can_be_probed(tiny_targets, world):
     res = run_step("probe", [*args, "--class", "docs", "--no-progress"], world)
     assert res.returncode == 0, res.stderr[-2000:]
     c = mlflow.MlflowClient(f"sqlite:///{world}/mlflow.db")
-    run = c.search_runs(["0"], filter_string="tags.`drafterops.step` = 'probe'", order_by=["start_time DESC"])[0]
+    run = project_runs(c, filter_string="tags.`drafterops.step` = 'probe'", order_by=["start_time DESC"])[0]
     assert run.data.params["resolved.prompts"] == "class:docs" and run.data.metrics["probe_token_agreement"] == 1.0
     bad = run_step("probe", [*args, "--class", "poetry"], world)
     assert bad.returncode == 2 and "has no traffic class 'poetry' (classes: code, docs, repl)" in bad.stderr

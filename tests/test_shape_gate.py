@@ -9,7 +9,7 @@ import pytest
 from bench.sparse import k2_vocab_maps, write_sparse_safetensors
 from drafter.compat import check_compat, compare_drafters, drafter_facts, passed, target_facts, verdict
 from drafter.errors import BadInput
-from tests.conftest import REFERENCE, k2_drafter_tensors
+from tests.conftest import REFERENCE, k2_drafter_tensors, project_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -194,9 +194,7 @@ def test_gate_step_on_registry_versions(tiny_targets, drafter_factory, tmp_path)
     c = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     mv = c.get_model_version("k25-tiny-eagle3", "1")
     assert mv.tags["shape_gate"] == "passed" and "Shape gate vs" in mv.description
-    run = c.search_runs(
-        [c.get_experiment_by_name("Default").experiment_id], filter_string="tags.`drafterops.step` = 'shape_gate'"
-    )[0]
+    run = project_runs(c, filter_string="tags.`drafterops.step` = 'shape_gate'")[0]
     assert "shape_gate.json" in {a.path for a in c.list_artifacts(run.info.run_id)}
     other = tmp_path / "other-target"
     other.mkdir()

@@ -1,8 +1,9 @@
-"""A person's view: the MLflow UI (a real `mlflow server`) in headless Chromium. After the main job
-it tells the story at a glance (runs named for what they are, no red for the expected refusal, the
-verdict in the main run's description with the comparison figure, each version page with its
-evaluation and promotion verdict); after a passing promotion, the version page shows production.
-Screenshots go to $DRAFTEROPS_SCREENSHOTS when set (else the test's temporary folder)."""
+"""A person's view: the MLflow UI (a real `mlflow server`) in headless Chromium at 1600x1000. After the
+main job it tells the story at a glance (runs named for what they are, no red for the expected
+refusal, each decision's verdict visible without scrolling on the main run, the model page, a version
+page, the promote run and a scale run, the model page's numbers those main printed); after a passing
+promotion, the version page shows production. Screenshots are the test run's artifacts: they go to
+$DRAFTEROPS_SCREENSHOTS when set, else test-artifacts/screenshots/ in the checkout."""
 
 import contextlib
 import json
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import mlflow_server, run_step
+from tests.conftest import mlflow_server, project_runs, run_step
 from tests.test_data import PROMPTS, write_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,18 +33,26 @@ def browser_on(folder: Path, backend_uri: str):
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1600,1100"):
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1600,1000"):
         opts.add_argument(arg)
     with mlflow_server(folder, backend_uri) as base:
         browser = webdriver.Chrome(service=Service(DRIVER), options=opts)
+        width, height = VIEWPORT  # the page itself is 1600x1000, whatever the browser's own frame takes
+        browser.execute_cdp_cmd(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+        )
         try:
             yield browser, base
         finally:
             browser.quit()
 
 
-def shots(fallback: Path) -> Path:
-    folder = Path(os.environ.get("DRAFTEROPS_SCREENSHOTS", fallback))
+VIEWPORT = (1600, 1000)
+
+
+def shots() -> Path:
+    folder = Path(os.environ.get("DRAFTEROPS_SCREENSHOTS", ROOT / "test-artifacts" / "screenshots"))
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
@@ -67,7 +76,39 @@ def page_text(browser, url: str, *expected: str, timeout: float = 60) -> str:
     return text
 
 
+def close_assistant(browser) -> None:
+    """MLflow 3.17 opens its Assistant panel by itself on a first visit, squeezing a run page into one
+    column; a newcomer closes it once (the browser remembers), and so does this test."""
+    from selenium.webdriver.common.by import By
+
+    for button in browser.find_elements(By.CSS_SELECTOR, "button[aria-label='Close']"):
+        if button.is_displayed():
+            button.click()
+            time.sleep(1)
+            return
+
+
+def above_the_fold(browser, needle: str) -> None:
+    """`needle` is on screen without scrolling: the text node holding it lies inside the viewport."""
+    where = browser.execute_script(
+        """const w = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+        while (w.nextNode()) {
+          if (w.currentNode.textContent.includes(arguments[0])) {
+            const r = w.currentNode.parentElement.getBoundingClientRect();
+            return [r.top, r.bottom, window.innerHeight];
+          }
+        }
+        return null;""",
+        needle,
+    )
+    assert where is not None, f"{needle!r} is not on the page"
+    top, bottom, height = where
+    assert top >= 0 and bottom <= height, f"{needle!r} is at {top:.0f}-{bottom:.0f} px, below the fold ({height} px)"
+
+
 def test_after_main_the_ui_tells_which_drafter_is_where_and_why(main_job):
+    import re
+
     import mlflow
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -76,11 +117,22 @@ def test_after_main_the_ui_tells_which_drafter_is_where_and_why(main_job):
     assert first.returncode == 0, first.stderr[-2000:]
     c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
     name, profile = "k2.5-mini-eagle3", "kimi-k2.5-8xrtxpro6000"
-    main_run = c.search_runs(["0"], filter_string="tags.`drafterops.step` = 'main'", order_by=["start_time ASC"])[0]
+    exp = c.get_experiment_by_name("drafterops")
+    assert exp.tags.get("mlflow.experimentKind") == "custom_model_development"
+    main_run = project_runs(c, filter_string="tags.`drafterops.step` = 'main'", order_by=["start_time ASC"])[0]
+    link = f"/#/experiments/{exp.experiment_id}/runs/{main_run.info.run_id}?workflowType=machine_learning"
+    assert link in first.stdout and f"/#/models/{name}" in first.stdout  # main prints where to click
+    (promote_run,) = project_runs(c, filter_string="tags.`drafterops.step` = 'promote'")
     candidate = c.get_model_version_by_alias(name, "candidate").version
-    out = shots(tmp / "screenshots")
+    printed = re.findall(
+        r"\| (?:imported|fine-tuned|scratch) \| v\d+ \| (\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\])", first.stdout
+    )
+    assert len(printed) == 3, first.stdout[-3000:]
+    out = shots()
+    runs_view = f"/#/experiments/{exp.experiment_id}/runs"
     with browser_on(tmp, f"sqlite:///{tmp}/mlflow.db") as (b, base):
-        page_text(b, f"{base}/#/experiments/0/runs", "main")
+        page_text(b, f"{base}{runs_view}?workflowType=machine_learning", "main")
+        close_assistant(b)
         # unfold main's children (a rerun's main, which reused every step, has none)
         b.find_element(By.XPATH, "//div[@role='gridcell' and contains(@col-id, 'Run Name')]//button").click()
         runs = page_text(
@@ -97,20 +149,25 @@ def test_after_main_the_ui_tells_which_drafter_is_where_and_why(main_job):
         b.save_screenshot(str(out / "runs.png"))
         assert "Failed" not in runs
         # no run of the pipeline, the refusal included, shows MLflow's failed status
-        statuses = {r.info.status for r in c.search_runs(["0"]) if "drafterops.step" in r.data.tags}
+        statuses = {r.info.status for r in project_runs(c) if "drafterops.step" in r.data.tags}
         assert statuses == {"FINISHED"}
-        page_text(b, f"{base}/#/experiments/0/runs/{main_run.info.run_id}", "No drafter beats break-even", "fine-tuned")
+        scale = run_step(
+            "scale",
+            ["--init", str(ROOT / "miniworld" / "aq-mini-eagle3"), "--data", str(tmp / "work" / "data" / "k2.5-train"),
+             "--val_data", str(tmp / "work" / "data" / "k2.5-val"), "--sizes", "4,8,12", "--seeds", "0",
+             "--epochs", "2", "--no-progress"],
+            tmp,
+        )  # fmt: skip  # a short ladder: the answer is an extrapolation, and says so
+        assert scale.returncode == 0, scale.stderr[-2000:]
+        (scale_run,) = project_runs(c, filter_string="tags.`drafterops.step` = 'scale'")
+        page_text(b, f"{base}{link}", "No drafter beats break-even", "fine-tuned", "Where each drafter is now")
+        above_the_fold(b, "No drafter beats break-even")
         b.save_screenshot(str(out / "main_run.png"))
-        page_text(b, f"{base}/#/experiments/0/runs/{main_run.info.run_id}/artifacts", "drafters_vs_break_even.png")
-        b.find_element(By.XPATH, "//*[text()='drafters_vs_break_even.png']").click()
-        WebDriverWait(b, 60).until(
-            lambda b: any(
-                (i.get_attribute("src") or "").startswith("blob:") and int(i.get_attribute("naturalWidth") or 0) > 300
-                for i in b.find_elements(By.TAG_NAME, "img")
-            )
-        )
-        b.save_screenshot(str(out / "comparison_figure.png"))
-        page_text(b, f"{base}/#/models/{name}", "Where each alias points", "Last promotion decision", "refused")
+        model = page_text(b, f"{base}/#/models/{name}", "Where each alias points", "Every version", "refused")
+        for figure in printed:  # the same numbers as the table main printed, rounded the same way
+            assert figure in model, (figure, model[:3000])
+        assert all(f"v{v.version}" in model for v in c.search_model_versions(f"name='{name}'"))
+        above_the_fold(b, "Last promotion decision")
         b.save_screenshot(str(out / "model.png"))
         version = page_text(
             b,
@@ -121,7 +178,26 @@ def test_after_main_the_ui_tells_which_drafter_is_where_and_why(main_job):
             "refused",
         )
         assert version.index("Promotion to production") < version.index("Tensors")  # the verdict reads first
+        assert version.index("Promotion to production") < version.index("trained for")  # lineage below
+        above_the_fold(b, "Promotion to production on")
         b.save_screenshot(str(out / "version.png"))
+        run_page = f"{base}/#/experiments/{exp.experiment_id}/runs/{{}}?workflowType=machine_learning"
+        page_text(b, run_page.format(promote_run.info.run_id), f"Refused v{candidate} for production")
+        above_the_fold(b, f"Refused v{candidate} for production")
+        b.save_screenshot(str(out / "promote_run.png"))
+        page_text(b, run_page.format(scale_run.info.run_id), "Warm start", "ladder 4-12")
+        above_the_fold(b, "Warm start")
+        b.save_screenshot(str(out / "scale_run.png"))
+        page_text(b, f"{base}/#/experiments/{exp.experiment_id}/runs/{main_run.info.run_id}/artifacts",
+                  "drafters_vs_break_even.png")  # fmt: skip
+        b.find_element(By.XPATH, "//*[text()='drafters_vs_break_even.png']").click()
+        WebDriverWait(b, 60).until(
+            lambda b: any(
+                (i.get_attribute("src") or "").startswith("blob:") and int(i.get_attribute("naturalWidth") or 0) > 300
+                for i in b.find_elements(By.TAG_NAME, "img")
+            )
+        )
+        b.save_screenshot(str(out / "comparison_figure.png"))
 
 
 def step(name, args, cwd):
@@ -163,7 +239,7 @@ def test_registered_model_page_shows_versions_alias_and_gate(tiny_targets, draft
         tmp_path,
     )
     step("promote", ["--model", uri, "--profile", str(tmp_path / "slow.yaml")], tmp_path)
-    out = shots(tmp_path)
+    out = shots()
     with browser_on(tmp_path, f"sqlite:///{tmp_path}/mlflow.db") as (browser, base):
         page_text(browser, f"{base}/#/models/k25-tiny-eagle3", "Version 1", "production", "Where each alias points")
         browser.save_screenshot(str(out / "promoted_model.png"))

@@ -97,13 +97,13 @@ def _register(
     if parent is not None:
         tags[naming.TAG_PARENT] = f"models:/{parent.name}/{parent.version}"
     from drafter.checkpoint import read_header
-    from registry.describe import contents, upsert_section
+    from registry.describe import contents, run_md, upsert_section
 
     settings = trial.user_attrs.get("settings") or trial.params
     what = f"## Fine-tuned from `{tags[naming.TAG_PARENT]}`" if parent is not None else "## Trained from scratch"
     desc = (
         f"{what}\n\n- **trained for**: `{tags[naming.TAG_TRAINED_FOR]}`\n"
-        f"- **dataset**: `{dataset.digest}` ({len(dataset)} samples)\n- **finetune run**: `{run_id}`\n"
+        f"- **dataset**: `{dataset.digest}` ({len(dataset)} samples)\n- **finetune run**: {run_md(run_id)}\n"
         f"- **best trial**: {trial.number}, val sim_accept_len {trial.value:.3f}\n\n"
         "### Settings\n\n| setting | value |\n|---|---|\n"
         + "\n".join(f"| {k} | {_fmt(v)} |" for k, v in sorted(settings.items()))

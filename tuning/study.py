@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from drafter.errors import BadInput
+from tuning.workers import fail_gone_trials
 
 OBJECTIVE = "val_sim_accept_len"
 
@@ -91,7 +92,8 @@ def open_study(storage: Any, name: str, seed: int, n_trials: int, pruner: Any = 
     except optuna.exceptions.DuplicatedStudyError:
         joined = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
         study = optuna.load_study(study_name=name, storage=storage, sampler=sampler(joined), pruner=pruner)
-        optuna.storages.fail_stale_trials(study)  # a dead worker's trial is failed (and re-queued) before counting
+        fail_gone_trials(study)  # a worker of this host that is gone: failed (and re-queued) at once
+        optuna.storages.fail_stale_trials(study)  # any other dead worker's trial, once its heartbeat is stale
         return study, joined, False
 
 
@@ -137,6 +139,7 @@ def claim_trial(study: Any, n_trials: int) -> Any | None:
     import optuna
     from optuna.trial import TrialState
 
+    fail_gone_trials(study)
     optuna.storages.fail_stale_trials(study)
     if counted(study) >= n_trials:
         return None
@@ -148,7 +151,7 @@ def claim_trial(study: Any, n_trials: int) -> Any | None:
     return trial
 
 
-def history_figure(study: Any):
+def history_figure(study: Any, title: str | None = None):
     """Every trial against the objective: completed trials as dots, pruned ones as crosses at their
     last reported value, failed ones along the bottom, and the best so far."""
     import matplotlib
@@ -184,15 +187,18 @@ def history_figure(study: Any):
     first = study.trials[0] if study.trials else None
     if first is not None and first.user_attrs.get("baseline") and first.value is not None:
         ax.annotate("baseline", (0, first.value), textcoords="offset points", xytext=(5, 5), fontsize=8)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # trials are whole
     ax.set_xlabel("trial")
-    ax.set_ylabel(f"{OBJECTIVE} (objective, higher is better)")
-    ax.set_title(f"study {study.study_name[:60]}")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set_ylabel(f"{OBJECTIVE}\n(objective, higher is better)")
+    ax.set_title(title or f"{len(study.trials)} trials")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)  # beside, never over a point
     fig.tight_layout()
     return fig
 
 
-def log_figures(study: Any) -> None:
+def log_figures(study: Any, title: str | None = None) -> None:
     """The study's history, Optuna's intermediate values, and parameter importances when there is
     something to attribute (else the tag `optuna.importance` says why not)."""
     import warnings
@@ -206,7 +212,7 @@ def log_figures(study: Any) -> None:
     from optuna.visualization import matplotlib as ovm
 
     done = [t for t in study.trials if t.state == TrialState.COMPLETE]
-    mlflow.log_figure(history_figure(study), "optuna_history.png")
+    mlflow.log_figure(history_figure(study, title), "optuna_history.png")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if any(t.intermediate_values for t in study.trials):

@@ -15,6 +15,7 @@ from drafter.train import TrainConfig
 from tuning.ranks import Tracker
 from tuning.space import suggest
 from tuning.study import OBJECTIVE
+from tuning.workers import RUN_TAG, WORKER_ATTR, this_worker
 
 
 @dataclass
@@ -60,7 +61,7 @@ def fail_dead_runs(study: Any, number: int) -> None:
         run_id = t.user_attrs.get("mlflow_run_id") if t.number in earlier else None
         if run_id and c.get_run(run_id).info.status == "RUNNING":
             c.set_tag(run_id, "trial_state", "FAILED")
-            c.set_tag(run_id, "failed_because", f"worker lost (no heartbeat); retried as trial {number}")
+            c.set_tag(run_id, "failed_because", f"worker lost (process gone or no heartbeat); retried as {number}")
             c.set_terminated(run_id, "FAILED")
 
 
@@ -96,11 +97,19 @@ def run_trial(trial: Any, s: Study) -> float:
     )
     resumed = resumable_step(ckpt)
     label = ", ".join(f"{k} {v:.2g}" if isinstance(v, float) else f"{k} {v}" for k, v in sorted(params.items()))
-    run_ctx = mlflow.start_run(run_name=f"trial {number} ({label})"[:250], nested=True) if s.rank0 else None
+    role = "scratch" if s.base_model is None else "warm"
+    role += " baseline" if trial.user_attrs.get("baseline") else ""
+    run_name = f"trial {number} {role} ({label})"[:250]  # unique within the study; `finish` marks the best
+    run_ctx = (
+        mlflow.start_run(run_name=run_name, nested=True, experiment_id=mlflow.active_run().info.experiment_id)
+        if s.rank0
+        else None
+    )  # a nested run goes to its parent's experiment only when told
     track = Tracker(s.rank0)
     pruned_at = None
     with run_ctx or contextlib.nullcontext() as run:
         trial.set_user_attr("mlflow_run_id", run.info.run_id if s.rank0 else None)
+        trial.set_user_attr(WORKER_ATTR, this_worker() if s.rank0 else None)  # a rerun sees at once if it died
         if s.rank0:
             fail_dead_runs(s.study, number)
         micro = cfg.batch_size // s.world_size
@@ -113,7 +122,8 @@ def run_trial(trial: Any, s: Study) -> float:
                 "global_batch": cfg.batch_size,
             }
         )
-        track.set_tags({"trial_checkpoint": str(ckpt), **({"resumed_from_step": resumed} if resumed else {})})
+        track.set_tags({"trial_checkpoint": str(ckpt), RUN_TAG: this_worker(),
+                        **({"resumed_from_step": resumed} if resumed else {})})  # fmt: skip
 
         def on_step(step: int, m: dict[str, float]) -> None:
             if step % 5 == 0 or step == cfg.max_steps:
@@ -139,7 +149,7 @@ def run_trial(trial: Any, s: Study) -> float:
                 {
                     "trial_state": "PRUNED",
                     "pruned_at_step": stop.step,
-                    "mlflow.runName": f"trial {number} pruned at step {stop.step}",
+                    "mlflow.runName": f"trial {number} {role} pruned at step {stop.step}",
                 }
             )
         except TrainingDiverged as err:
