@@ -164,16 +164,12 @@ def _text_model_from_wrapper(folder: Path, cfg: TargetConfig, dtype: torch.dtype
             f"{folder}/config.json: text_config model_type {model_type!r} is unknown to transformers ({exc})"
         ) from None
     prefix = cfg.weight_prefix
-    check_config_fits_weights(folder, text_cfg, read_header(folder), prefix, trust_remote_code)
+    header = read_header(folder)
+    check_config_fits_weights(folder, text_cfg, header, prefix, trust_remote_code)
     model = AutoModelForCausalLM.from_config(text_cfg, trust_remote_code=trust_remote_code, dtype=dtype)
-    state = {}
-    for fname in weight_files(folder):
-        with safe_open(str(folder / fname), framework="pt") as fh:
-            for name in fh.keys():  # noqa: SIM118
-                if name.startswith(prefix):
-                    state[name[len(prefix) :]] = fh.get_tensor(name).to(dtype)
-    expected = set(model.state_dict())
-    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    params = model.state_dict()  # views of the model's own tensors: each weight is copied straight in
+    have = {name[len(prefix) :] for name in header if name.startswith(prefix)}
+    missing, unexpected = sorted(set(params) - have), sorted(have - set(params))
     if getattr(text_cfg, "tie_word_embeddings", False) and missing == ["lm_head.weight"]:
         missing = []
     if missing or unexpected:
@@ -181,7 +177,13 @@ def _text_model_from_wrapper(folder: Path, cfg: TargetConfig, dtype: torch.dtype
             f"{folder}: weights under '{prefix}' do not fit the text model: missing "
             f"{missing[:5]}, unexpected {unexpected[:5]}"
         )
-    model.load_state_dict(state, strict=False)
+    # one tensor at a time, never a second copy of the whole model (a full state dict doubled the peak)
+    with torch.no_grad():
+        for fname in weight_files(folder):
+            with safe_open(str(folder / fname), framework="pt") as fh:
+                for name in fh.keys():  # noqa: SIM118
+                    if name.startswith(prefix):
+                        params[name[len(prefix) :]].copy_(fh.get_tensor(name))
     if getattr(text_cfg, "tie_word_embeddings", False):
         model.tie_weights()
     return model
