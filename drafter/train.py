@@ -92,13 +92,27 @@ def ensure_distributed() -> None:
 
     if dist.is_available() and dist.is_initialized():
         return
+    chosen = False
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
         if "MASTER_PORT" not in os.environ:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo", verbose=False)
+            os.environ["MASTER_PORT"], chosen = free_port(), True
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    for attempt in range(5):
+        try:
+            deepspeed.init_distributed(dist_backend=backend, verbose=False)
+            return
+        except dist.DistNetworkError:  # the free port was taken between choosing it and listening on it
+            if not chosen or attempt == 4:
+                raise
+            os.environ["MASTER_PORT"] = free_port()
+
+
+def free_port() -> str:
+    """A port free now (the OS's pick); another process may still take it before we listen on it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
 
 
 def is_rank0() -> bool:

@@ -203,3 +203,27 @@ def test_targets_outside_the_draft_vocabulary_count_as_rejections():
     _, _, stats = ttt_loss([logits], torch.zeros(1, 6, draft), tokens, mask, t2d, d2t)
     assert stats.total.tolist() == [5.0] and stats.correct.tolist() == [4.0]
     assert stats.conditional_acceptance[0] == pytest.approx(0.8)  # not 1.0: the OOV position is a miss
+
+
+def test_one_rank_process_group_retries_a_port_taken_after_it_was_chosen():
+    """A free port can be taken by another process before gloo listens on it (it happened in CI beside a
+    browser and an MLflow server): the one-rank group picks another port instead of failing the step."""
+    import subprocess
+    import sys
+
+    code = """
+import os, socket
+import drafter.train as t
+taken = socket.socket(); taken.bind(("127.0.0.1", 0)); taken.listen()
+port = str(taken.getsockname()[1])
+picks = iter([port])
+real = t.free_port
+t.free_port = lambda: next(picks, None) or real()
+t.ensure_distributed()
+import torch.distributed as dist
+assert dist.is_initialized() and os.environ["MASTER_PORT"] != port, os.environ["MASTER_PORT"]
+print("ok", port, os.environ["MASTER_PORT"])
+"""
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("RANK", "MASTER_PORT", "WORLD_SIZE")}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0 and res.stdout.strip().splitlines()[-1].startswith("ok "), res.stderr[-2000:]
