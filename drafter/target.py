@@ -149,7 +149,9 @@ class Target:
         return DynamicCache(config=self.model.config)
 
 
-def _text_model_from_wrapper(folder: Path, cfg: TargetConfig, dtype: torch.dtype, trust_remote_code: bool):
+def _text_model_from_wrapper(
+    folder: Path, cfg: TargetConfig, header: dict[str, Any], dtype: torch.dtype, trust_remote_code: bool
+):
     """Build the text model from text_config and load the `language_model.`-prefixed weights into it."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -164,7 +166,6 @@ def _text_model_from_wrapper(folder: Path, cfg: TargetConfig, dtype: torch.dtype
             f"{folder}/config.json: text_config model_type {model_type!r} is unknown to transformers ({exc})"
         ) from None
     prefix = cfg.weight_prefix
-    header = read_header(folder)
     check_config_fits_weights(folder, text_cfg, header, prefix, trust_remote_code)
     model = AutoModelForCausalLM.from_config(text_cfg, trust_remote_code=trust_remote_code, dtype=dtype)
     params = model.state_dict()  # views of the model's own tensors: each weight is copied straight in
@@ -240,7 +241,7 @@ def load_target(
     cfg = TargetConfig.from_file(folder)
     header = read_header(folder)  # every shard's header is sound before anything is loaded
     if cfg.weight_prefix:
-        model = _text_model_from_wrapper(folder, cfg, dtype, trust_remote_code)
+        model = _text_model_from_wrapper(folder, cfg, header, dtype, trust_remote_code)
     else:
         try:
             config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
@@ -248,7 +249,9 @@ def load_target(
             raise BadInput(f"{folder}: transformers cannot load this target ({str(exc).splitlines()[0]})") from None
         check_config_fits_weights(folder, config, header, "", trust_remote_code)
         try:
-            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=trust_remote_code)
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, config=config, dtype=dtype, trust_remote_code=trust_remote_code
+            )
         except (OSError, ValueError) as exc:
             raise BadInput(f"{folder}: transformers cannot load this target ({str(exc).splitlines()[0]})") from None
         except RuntimeError as exc:

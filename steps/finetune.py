@@ -18,7 +18,7 @@ from drafter.memory_plan import GIB
 from drafter.train import TrainConfig
 from steps._cli import integer, log_params, none_if_empty, parser, run_step, step_run
 from steps.import_drafter import MINIWORLD
-from tuning.outcome import finish, verdict
+from tuning.outcome import counted_trials, finish, verdict
 from tuning.space import DEFAULT_BASELINE, DEFAULT_SPACE
 
 
@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
         version = register_best(best_dir, name, parent, dataset, best, alias, mlflow.active_run().info.run_id)
         shutil.rmtree(best_dir.parent, ignore_errors=True)
         mlflow.set_tag("mlflow.note.content", verdict(study, best, f"models:/{name}/{version}"))
-    states = [t.state.name for t in study.trials if not t.user_attrs.get("over_budget")]
+    states = [t.state.name for t in counted_trials(study)]
     print(
         f"finetune: best trial {best.number} val_sim_accept_len {best.value:.3f} at {profile.draft_steps} draft steps "
         f"({states.count('COMPLETE')} complete, {states.count('PRUNED')} pruned, {states.count('FAIL')} failed) "

@@ -117,15 +117,10 @@ def run(args: argparse.Namespace) -> int:
     return 0 if decision.allowed else 1
 
 
-def binding_break_even(ev) -> float | None:
-    """The break-even the version must clear: the hardest operating point that carries traffic."""
-    points = [be for _, _, be in ev.operating_points] or ([ev.break_even] if ev.break_even is not None else [])
-    return max(points) if points else None
-
-
 def gap_metrics(ev) -> dict[str, float]:
-    """How far the deciding evidence is from break-even (> 0: short of it), as metrics a chart can show."""
-    be = binding_break_even(ev)
+    """How far the deciding evidence is from break-even (> 0: short of it), as metrics a chart can show;
+    the evidence's break-even is already the hardest operating point that carries traffic."""
+    be = ev.break_even
     if ev.accept_len is None or be is None:
         return {}
     out = {"accept_len": ev.accept_len, "break_even_accept_len": be, "shortfall_vs_break_even": be - ev.accept_len}
@@ -136,7 +131,7 @@ def gap_metrics(ev) -> dict[str, float]:
 
 def verdict(version: str, stage: str, decision, ev) -> str:
     """The run's first sentence: what was decided and by how much, before the table of rules."""
-    be = binding_break_even(ev)
+    be = ev.break_even
     if decision.allowed:
         by = (
             f": accept_len_ci_low {ev.ci_low:.3f} clears break-even {be:.3f} by {ev.ci_low - be:.3f}"
