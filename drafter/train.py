@@ -86,24 +86,27 @@ class TrainResult:
 
 
 def ensure_distributed() -> None:
-    """One-rank process group when not started by a launcher (gloo on CPU, nccl on GPUs)."""
+    """One-rank process group when not started by a launcher (gloo on CPU, nccl on GPUs).
+
+    A one-rank group whose store this process hosts has nobody to meet at its port, so when that port was
+    taken (picked free, or inherited from a parent that had picked it) another one is as good.
+    """
     import deepspeed
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         return
-    chosen = False
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-        if "MASTER_PORT" not in os.environ:
-            os.environ["MASTER_PORT"], chosen = free_port(), True
+        os.environ.setdefault("MASTER_PORT", free_port())
+    own_store = os.environ.get("WORLD_SIZE") == "1" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     for attempt in range(5):
         try:
             deepspeed.init_distributed(dist_backend=backend, verbose=False)
             return
-        except dist.DistNetworkError:  # the free port was taken between choosing it and listening on it
-            if not chosen or attempt == 4:
+        except dist.DistNetworkError:  # the port was taken between choosing it and listening on it
+            if not own_store or attempt == 4:
                 raise
             os.environ["MASTER_PORT"] = free_port()
 

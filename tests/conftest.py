@@ -152,12 +152,16 @@ def tiny_targets(tmp_path_factory):
 ROOT = Path(__file__).resolve().parents[1]
 
 
+DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 def step_env(cwd: Path, **extra: str) -> dict[str, str]:
-    """The environment of a step run from `cwd`: its own tracking store and download cache."""
+    """The environment of a step run from `cwd`: its own tracking store and download cache, and no
+    process-group settings left in this process by in-process training (each step picks its own port)."""
     import os
 
     return {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k not in DIST_ENV},
         "PYTHONPATH": str(ROOT),
         "MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db",
         "DRAFTEROPS_CACHE": str(cwd / "cache"),

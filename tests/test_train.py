@@ -205,9 +205,12 @@ def test_targets_outside_the_draft_vocabulary_count_as_rejections():
     assert stats.conditional_acceptance[0] == pytest.approx(0.8)  # not 1.0: the OOV position is a miss
 
 
-def test_one_rank_process_group_retries_a_port_taken_after_it_was_chosen():
+@pytest.mark.parametrize("how", ["picked", "inherited"])
+def test_one_rank_process_group_retries_a_port_taken_after_it_was_chosen(how):
     """A free port can be taken by another process before gloo listens on it (it happened in CI beside a
-    browser and an MLflow server): the one-rank group picks another port instead of failing the step."""
+    browser and an MLflow server), also one inherited from a parent that had set up its own one-rank group
+    (a step launched by a test after in-process training): the group picks another port, not fails."""
+    import os
     import subprocess
     import sys
 
@@ -216,6 +219,8 @@ import os, socket
 import drafter.train as t
 taken = socket.socket(); taken.bind(("127.0.0.1", 0)); taken.listen()
 port = str(taken.getsockname()[1])
+if os.environ.get("HOW") == "inherited":
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
 picks = iter([port])
 real = t.free_port
 t.free_port = lambda: next(picks, None) or real()
@@ -224,6 +229,7 @@ import torch.distributed as dist
 assert dist.is_initialized() and os.environ["MASTER_PORT"] != port, os.environ["MASTER_PORT"]
 print("ok", port, os.environ["MASTER_PORT"])
 """
-    env = {k: v for k, v in __import__("os").environ.items() if k not in ("RANK", "MASTER_PORT", "WORLD_SIZE")}
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "MASTER_PORT", "WORLD_SIZE")}
+    env["HOW"] = how
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0 and res.stdout.strip().splitlines()[-1].startswith("ok "), res.stderr[-2000:]
