@@ -5,7 +5,8 @@ prefill stays out) with `concurrency` requests in flight. Speculative decoding a
 the seconds after the first token over the verify cycles the server counted for it
 (`vllm:spec_decode_num_drafts`). Under concurrency every request in the batch advances one cycle per
 engine step, so the summed decode seconds over the summed cycles is the cycle time a request sees,
-whatever the drafter accepts. A warm-up request before each timing keeps start-up costs out.
+whatever the drafter accepts. A warm-up request per server and round keeps start-up costs out; the
+servers are timed side by side chunk by chunk (engines/interleave), so the host's drift falls on all alike.
 
 Where the engine supports synthetic acceptance (vLLM's `rejection_sample_method: synthetic` on GPU),
 `synthetic_sweep` serves the target at chosen accept_len values and measures served tok/s directly, a
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from drafter.errors import BadInput, InternalError
-from engines import vllm
+from engines import interleave, vllm
 from engines.server import on_loopback
 
 
@@ -66,9 +67,13 @@ class Timing:
         return out
 
 
-def time_requests(url: str, prompts: list[list[int]], s: vllm.Settings, concurrency: int, spec: bool) -> Timing:
-    """All prompts with `concurrency` in flight (after one warm-up request); counters read around them."""
-    vllm.complete(url, prompts[0], s, s.seed)  # warm-up, not counted
+def time_requests(
+    url: str, prompts: list[list[int]], s: vllm.Settings, concurrency: int, spec: bool, warm: bool = True
+) -> Timing:
+    """All prompts with `concurrency` in flight (after one warm-up request unless `warm` is False: the
+    server was just used); counters read around them."""
+    if warm:
+        vllm.complete(url, prompts[0], s, s.seed)  # not counted
     before = vllm.read_counters(url) if spec else None
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         results = list(pool.map(lambda ip: vllm.complete(url, ip[1], s, s.seed + ip[0]), enumerate(prompts)))
@@ -124,7 +129,7 @@ def measure_launched(
     rounds: int = 2,
 ) -> tuple[dict[int, Timing], dict[int, dict[int, Timing]], list[str]]:
     """One plain server and one speculative server per depth, all up at once, timed side by side: in
-    each round every server is timed at every concurrency in turn (the order rotating), so a host whose
+    each round every server at every concurrency on each chunk of prompts in turn (the order rotating), so a host whose
     speed drifts (a shared CPU easily moves 10% within seconds) slows every server alike instead of
     whichever happened to be measured then. Returns (plain timing per concurrency, spec timing per depth
     and concurrency, server logs); every server is stopped on the way out."""
@@ -165,18 +170,23 @@ def in_rounds(
     progress: Callable[[str], None] | None,
     rounds: int,
 ) -> dict[int, dict[int, Timing]]:
-    """Every server (depth 0: plain) at every concurrency, in turn each round, the order rotating."""
+    """Every server (depth 0: plain) at every concurrency, side by side chunk by chunk (engines/interleave),
+    each server warmed up once per round."""
     from dataclasses import replace
 
-    order = sorted(urls)
+    order, pacer = sorted(urls), interleave.Pacer()
     totals: dict[int, dict[int, Timing]] = {k: {} for k in urls}
     for r in range(rounds):
-        turn = order[r % len(order) :] + order[: r % len(order)]
+        for k in order:
+            vllm.complete(urls[k], prompts[0], replace(s, k=max(k, 1)), s.seed)  # warm-up, not counted
+            pacer.after(k)
         for c in concurrencies:
-            for k in turn:
-                if progress:
-                    progress(f"round {r + 1}/{rounds}: {names[k]} at concurrency {c}")
-                t = time_requests(urls[k], prompts, replace(s, k=max(k, 1)), c, spec=bool(k))
+            if progress:
+                progress(f"round {r + 1}/{rounds}: every server at concurrency {c}")
+            for k, part in interleave.schedule(order, len(prompts), c, r):
+                pacer.before(k)
+                t = time_requests(urls[k], prompts[part], replace(s, k=max(k, 1)), c, spec=bool(k), warm=False)
+                pacer.after(k)
                 totals[k][c] = merge(totals[k].get(c), t)
     return totals
 

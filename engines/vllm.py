@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from drafter.errors import BadInput, InternalError
+from engines import interleave
 from engines.measurement import EngineRun, Launch
 from engines.server import on_loopback
 
@@ -203,15 +204,19 @@ def sequential(base_url: str, prompts: list[list[int]], s: Settings, spec: bool,
     return outputs, per_prompt, accepted_at, dec_tokens / max(dec_seconds, 1e-9)
 
 
-def concurrent(base_url: str, prompts: list[list[int]], s: Settings) -> tuple[float, float]:
-    """With `concurrency` requests in flight: (generated tokens / wall seconds, the decode tok/s one request
-    sees: tokens after the first over the seconds after the first, summed over requests, prefill left out)."""
+def concurrent(base_url: str, prompts: list[list[int]], s: Settings) -> tuple[int, float, int, float]:
+    """With `concurrency` requests in flight: (generated tokens, wall seconds, tokens after each request's
+    first, seconds after each request's first), the last two summed over requests (prefill left out)."""
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=s.concurrency) as pool:
         results = list(pool.map(lambda ip: complete(base_url, ip[1], s, s.seed + ip[0]), enumerate(prompts)))
-    wall = sum(len(r[0]) for r in results) / max(time.perf_counter() - t0, 1e-9)
-    decode = sum(max(0, len(r[0]) - 1) for r in results) / max(sum(r[2] - r[1] for r in results), 1e-9)
-    return wall, decode
+    wall = time.perf_counter() - t0
+    return (
+        sum(len(r[0]) for r in results),
+        wall,
+        sum(max(0, len(r[0]) - 1) for r in results),
+        sum(r[2] - r[1] for r in results),
+    )
 
 
 def measure(
@@ -223,8 +228,8 @@ def measure(
 ) -> EngineRun:
     """Serve the target with the drafter and measure acceptance (per prompt, from the counters); `check`
     sees that half first, so a fault stops the measurement before the plain server starts. Then, with
-    both servers up, time them side by side: prompt by prompt alternately at batch 1, and in alternating
-    rounds at `concurrency`, so that a host whose speed drifts slows both alike and the speed-up is a
+    both servers up, time them side by side: prompt by prompt alternately at batch 1, and chunk by chunk
+    at `concurrency`, so that a host whose speed drifts slows both alike and the speed-up is a
     ratio measured under the same conditions."""
     from contextlib import ExitStack
 
@@ -307,15 +312,16 @@ def side_by_side(urls: dict[str, str], prompts: list[list[int]], s: Settings, pr
 
 
 def alternating(urls: dict[str, str], prompts: list[list[int]], s: Settings, rounds: int = 2):
-    """`concurrency` requests in flight, the servers in turn for `rounds` rounds: per server (wall tok/s,
-    decode tok/s one request sees), each the mean over rounds."""
-    sums = {n: [0.0, 0.0] for n in urls}
+    """`concurrency` requests in flight, the servers in turn chunk by chunk (engines/interleave) for `rounds`
+    rounds: per server (wall tok/s, decode tok/s one request sees), over all its chunks."""
+    sums, pacer = {n: [0, 0.0, 0, 0.0] for n in urls}, interleave.Pacer()
     for r in range(rounds):
-        for name in sorted(urls, reverse=bool(r % 2)):
-            wall, decode = concurrent(urls[name], prompts, s)
-            sums[name][0] += wall / rounds
-            sums[name][1] += decode / rounds
-    return {n: tuple(v) for n, v in sums.items()}
+        for name, part in interleave.schedule(sorted(urls), len(prompts), s.concurrency, r):
+            pacer.before(name)
+            for i, v in enumerate(concurrent(urls[name], prompts[part], s)):
+                sums[name][i] += v
+            pacer.after(name)
+    return {n: (v[0] / max(v[1], 1e-9), v[2] / max(v[3], 1e-9)) for n, v in sums.items()}
 
 
 def _run(version: str, s: Settings, seq, base, starts, aux, logs) -> EngineRun:

@@ -156,7 +156,7 @@ def time_launched(args, prompts, loads, s):
     exported = export.write(Path(folder), workdir / "drafter-vllm", "vllm", depths[-1], args.target)
     served = calibration.Served(python, version, Path(exported.target), exported.folder, workdir)
     rounds = integer(args.rounds, "rounds", 1)
-    bar, step = progress_bar(args, (1 + len(depths)) * (1 + rounds * len(loads)))
+    bar, step = progress_bar(args, 1 + len(depths) + rounds * len(loads))
     try:
         plain, spec, logs = calibration.measure_launched(served, prompts, s, depths, loads, step, rounds)
         bar.update()
@@ -200,7 +200,7 @@ def time_endpoints(args, endpoints, plain_url, prompts, loads, s):
             raise BadInput(f"{url} and {depths[k]} both serve depth {k}")
         depths[k] = url
     rounds = integer(args.rounds, "rounds", 1)
-    bar, step = progress_bar(args, (1 + len(depths)) * len(loads) * rounds)
+    bar, step = progress_bar(args, len(loads) * rounds)
     try:
         plain, spec = calibration.measure_endpoints(depths, plain_url, prompts, s, loads, step, rounds)
         bar.update()

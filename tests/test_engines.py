@@ -193,3 +193,38 @@ with ManagedServer("toy", cmd, {{}}, __import__("pathlib").Path("{tmp_path}/s.lo
     time.sleep(0.3)
     alive = Path(f"/proc/{server_pid}").exists() and "zombie" not in Path(f"/proc/{server_pid}/status").read_text()
     assert not alive, f"the server outlived {sig}"
+
+
+def test_servers_are_timed_chunk_by_chunk_each_on_every_prompt_once_per_round_the_lead_rotating():
+    """Side-by-side timing under load pairs servers on the same small chunk, one right after the other:
+    every server sees every prompt exactly once per round, chunks of 2 x concurrency (at least 4), no server
+    always timed first (a host that drifts would fall on it alone), and a server timed right after another
+    waits out the other's spin."""
+    from engines import interleave
+
+    servers = [0, 1, 2]
+    for concurrency, prompts in ((1, 9), (4, 40), (4, 18)):
+        for start in (0, 1):
+            order = list(interleave.schedule(servers, prompts, concurrency, start))
+            for k in servers:
+                seen = [i for s_, part in order if s_ == k for i in range(prompts)[part]]
+                assert seen == list(range(prompts))
+            chunks = [part for s_, part in order if s_ == 0]
+            assert all(p.stop - p.start == max(4, 2 * concurrency) for p in chunks[:-1])
+            for j, part in enumerate(chunks):  # the servers of one chunk are timed back to back
+                block = order[j * 3 : j * 3 + 3]
+                assert {(p.start, p.stop) for _, p in block} == {(part.start, part.stop)} and sorted(
+                    s_ for s_, _ in block
+                ) == servers
+            leads = [order[j * 3][0] for j in range(len(chunks))]
+            assert len(set(leads)) == min(3, len(chunks)) and leads[0] == start % 3
+
+    import time
+
+    pacer = interleave.Pacer(quiet_s=0.3)
+    pacer.after("a")
+    t0 = time.monotonic()
+    pacer.before("a")  # the same server again: no wait
+    assert time.monotonic() - t0 < 0.1
+    pacer.before("b")
+    assert time.monotonic() - t0 >= 0.29
