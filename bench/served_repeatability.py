@@ -9,7 +9,9 @@ now time). Per round, condition and way: the served decode speed-up (per-request
 left out), the speculative server's cycle ms and accept_len from its counters, and the break-even the
 round implies (accept_len / speed-up). The spread over rounds is how far apart two honest measurements of
 the same thing land here, which bounds how close any prediction can be shown to be. `--idle N` keeps N
-more speculative servers (other depths) up and idle, as calibrate does.
+more speculative servers (other depths) up and idle, as calibrate does; `--same` times two identical
+plain servers (an A/A test: every deviation of the "speed-up" from 1 is measurement noise). The chunked
+timing runs twice: without and with the Pacer's wait for the previous server's engine spin to end.
 
     python -m bench.served_repeatability [--drafter miniworld/aq-mini-eagle3] [--rounds 8] [--idle 0]
 """
@@ -27,8 +29,10 @@ from bench._common import write_results
 from steps.import_drafter import MINIWORLD
 
 PROMPTS = MINIWORLD / "prompts"
+ROOT = Path(__file__).resolve().parents[1]
 CONDITIONS = (("c4 test40", 4, "k2.5-test.jsonl", 40), ("c4 val16", 4, "k2.5-val.jsonl", 16),
               ("c1 val16", 1, "k2.5-val.jsonl", 16))  # fmt: skip
+METHODS = ("whole set", "chunked, unpaced", "chunked, paced")
 
 
 def encoded(target: Path, name: str, limit: int, max_new: int):
@@ -42,7 +46,7 @@ def encoded(target: Path, name: str, limit: int, max_new: int):
     return [p.tolist() for p in ids], s
 
 
-def measure(drafter: Path, target: Path, k: int, rounds: int, idle: int, max_new: int) -> list[dict]:
+def measure(drafter: Path, target: Path, k: int, rounds: int, idle: int, max_new: int, same: bool) -> list[dict]:
     from engines import calibration, environment, export, vllm
     from engines.server import on_loopback
 
@@ -57,7 +61,7 @@ def measure(drafter: Path, target: Path, k: int, rounds: int, idle: int, max_new
     rows = []
     with ExitStack() as stack:
         urls = {}
-        for name, depth in [("plain", 0), ("spec", k), *[(f"idle k{d}", d) for d in extra]]:
+        for name, depth in [("plain", 0), ("spec", 0 if same else k), *[(f"idle k{d}", d) for d in extra]]:
             print(f"starting {name}", flush=True)
             server = stack.enter_context(on_loopback(
                 f"vLLM ({version}, {name})",
@@ -66,34 +70,53 @@ def measure(drafter: Path, target: Path, k: int, rounds: int, idle: int, max_new
                 env, workdir / f"vllm-{name}.log", s.start_timeout_s,
             ))  # fmt: skip
             urls[name] = server.url
+        spec = {"plain": False, "spec": not same}
         for r in range(rounds):
             for cond, conc, _, _ in CONDITIONS:
                 ids = prompts[cond][0]
-                for method in ("whole set", "chunked"):
-                    if method == "chunked":  # engines/interleave: every server on each chunk in turn
-                        both = calibration.in_rounds({0: urls["plain"], k: urls["spec"]}, {}, ids, s, [conc], None, 1)
-                        t = {"plain": both[0][conc], "spec": both[k][conc]}
-                    else:  # each server on the whole prompt set in turn (the timing before chunking)
+                for method in METHODS:
+                    if method == "whole set":  # each server on the whole prompt set in turn (before chunking)
                         t = {}
                         for name in ("plain", "spec") if r % 2 == 0 else ("spec", "plain"):
-                            t[name] = calibration.time_requests(urls[name], ids, s, conc, spec=name == "spec")
+                            t[name] = calibration.time_requests(urls[name], ids, s, conc, spec=spec[name])
+                    else:  # engines/interleave, as calibrate and evaluate time: every server on each chunk in turn
+                        t = chunked(urls, ids, s, conc, spec, r, paced=method == "chunked, paced")
                     speedup = t["spec"].tps / t["plain"].tps
                     rows.append({
                         "round": r + 1, "condition": cond, "method": method, "plain_tps": round(t["plain"].tps, 2),
                         "spec_tps": round(t["spec"].tps, 2), "speedup": round(speedup, 4),
-                        "cycle_ms": round(t["spec"].cycle_ms, 3), "accept_len": round(t["spec"].accept_len, 4),
-                        "implied_break_even": round(t["spec"].accept_len / speedup, 4),
+                        "cycle_ms": round(t["spec"].cycle_ms, 3) if not same else "",
+                        "accept_len": round(t["spec"].accept_len, 4) if not same else "",
+                        "implied_break_even": round(t["spec"].accept_len / speedup, 4) if not same else "",
                     })  # fmt: skip
                     print(rows[-1], flush=True)
     return rows
 
 
+def chunked(urls, ids, s, conc, spec, r, paced):
+    """engines/calibration.in_rounds for one concurrency and round; `paced` False: without the Pacer."""
+    from engines import calibration, interleave, vllm
+
+    pacer, t = interleave.Pacer(interleave.QUIET_S if paced else 0.0), {}
+    for name in urls:
+        vllm.complete(urls[name], ids[0], s, s.seed)  # warm-up, not counted
+        pacer.after(name)
+    for name, part in interleave.schedule(["plain", "spec"], len(ids), conc, r):
+        pacer.before(name)
+        timing = calibration.time_requests(urls[name], ids[part], s, conc, spec=spec[name], warm=False)
+        pacer.after(name)
+        t[name] = calibration.merge(t.get(name), timing)
+    return t
+
+
 def summary(rows: list[dict]) -> list[dict]:
     out = []
     for cond, *_ in CONDITIONS:
-        for method in ("whole set", "chunked"):
+        for method in METHODS:
             sel = [r for r in rows if r["condition"] == cond and r["method"] == method]
-            for key in ("plain_tps", "speedup", "implied_break_even"):
+            for key in ("plain_tps", "speedup", "implied_break_even")[
+                : 2 if not sel or sel[0]["cycle_ms"] == "" else 3
+            ]:
                 values = [r[key] for r in sel]
                 mean = statistics.fmean(values)
                 sd = statistics.stdev(values) if len(values) > 1 else 0.0
@@ -111,11 +134,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--idle", type=int, default=0)
     ap.add_argument("--max_new_tokens", type=int, default=64)
+    ap.add_argument("--same", action="store_true", help="two plain servers (an A/A test: the speed-up is 1)")
     a = ap.parse_args()
-    rows = measure(Path(a.drafter), Path(a.target), a.draft_steps, a.rounds, a.idle, a.max_new_tokens)
-    name = "served_repeatability" + (f"_idle{a.idle}" if a.idle else "")
-    notes = (f"`python -m bench.served_repeatability --rounds {a.rounds} --idle {a.idle}` (drafter {a.drafter}, "
-             f"k={a.draft_steps}, {a.max_new_tokens} tokens). Per round:\n\n" + table(rows))  # fmt: skip
+    rows = measure(Path(a.drafter), Path(a.target), a.draft_steps, a.rounds, a.idle, a.max_new_tokens, a.same)
+    name = "served_repeatability" + ("_same" if a.same else "") + (f"_idle{a.idle}" if a.idle else "")
+    command = f"python -m bench.served_repeatability --rounds {a.rounds} --idle {a.idle}" + (
+        " --same" if a.same else ""
+    )
+    drafter = (
+        Path(a.drafter).resolve().relative_to(ROOT) if Path(a.drafter).resolve().is_relative_to(ROOT) else a.drafter
+    )
+    notes = f"`{command}` (drafter {drafter}, k={a.draft_steps}, {a.max_new_tokens} tokens). Per round:\n\n" + table(
+        rows
+    )
     print(write_results(name, summary(rows), notes).read_text())
 
 

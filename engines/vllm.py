@@ -228,8 +228,8 @@ def measure(
 ) -> EngineRun:
     """Serve the target with the drafter and measure acceptance (per prompt, from the counters); `check`
     sees that half first, so a fault stops the measurement before the plain server starts. Then, with
-    both servers up, time them side by side: prompt by prompt alternately at batch 1, and chunk by chunk
-    at `concurrency`, so that a host whose speed drifts slows both alike and the speed-up is a
+    both servers up, time them side by side chunk by chunk (engines/interleave) at batch 1 and at
+    `concurrency`, so that a host whose speed drifts slows both alike and the speed-up is a
     ratio measured under the same conditions."""
     from contextlib import ExitStack
 
@@ -296,18 +296,22 @@ def measure(
 
 
 def side_by_side(urls: dict[str, str], prompts: list[list[int]], s: Settings, progress: Callable | None):
-    """Batch 1, each prompt on the plain server then on the speculative one (the order alternating):
-    the plain server's outputs, and decode tok/s of each (first token excluded)."""
-    outputs, tokens, seconds = [], dict.fromkeys(urls, 0), dict.fromkeys(urls, 0.0)
-    for i, prompt in enumerate(prompts):
-        for name in sorted(urls, reverse=bool(i % 2)):
-            out, first, total = complete(urls[name], prompt, s, s.seed + i)
+    """Batch 1, the servers in turn chunk by chunk (engines/interleave: a few prompts each, the order
+    rotating, each server waiting out the other's engine spin): the plain server's outputs, and decode
+    tok/s of each (first token excluded)."""
+    outputs: list[list[int]] = [[] for _ in prompts]
+    tokens, seconds, pacer = dict.fromkeys(urls, 0), dict.fromkeys(urls, 0.0), interleave.Pacer()
+    for name, part in interleave.schedule(sorted(urls), len(prompts), 1):
+        pacer.before(name)
+        for i in range(len(prompts))[part]:
+            out, first, total = complete(urls[name], prompts[i], s, s.seed + i)
             tokens[name] += max(0, len(out) - 1)
             seconds[name] += total - first
             if name == "baseline":
-                outputs.append(out)
-        if progress:
-            progress()
+                outputs[i] = out
+                if progress:
+                    progress()
+        pacer.after(name)
     return outputs, {n: tokens[n] / max(seconds[n], 1e-9) for n in urls}
 
 
