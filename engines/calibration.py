@@ -157,13 +157,12 @@ def measure_launched(
                 )
             )
             urls[k] = server.url
-        totals = in_rounds(urls, names, prompts, s, concurrencies, progress, rounds)
+        totals = in_rounds(urls, prompts, s, concurrencies, progress, rounds)
     return totals.pop(0), totals, logs
 
 
 def in_rounds(
     urls: dict[int, str],
-    names: dict[int, str],
     prompts: list[list[int]],
     s: vllm.Settings,
     concurrencies: list[int],
@@ -213,7 +212,7 @@ def measure_endpoints(
     """The same side-by-side timings on servers the user runs: a plain one and one speculative server per
     depth, every server in turn each round."""
     urls = {0: plain_url, **spec_urls}
-    totals = in_rounds(urls, urls, prompts, s, concurrencies, progress, rounds)
+    totals = in_rounds(urls, prompts, s, concurrencies, progress, rounds)
     return totals.pop(0), totals
 
 
