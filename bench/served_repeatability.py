@@ -80,7 +80,7 @@ def measure(drafter: Path, target: Path, k: int, rounds: int, idle: int, max_new
                         for name in ("plain", "spec") if r % 2 == 0 else ("spec", "plain"):
                             t[name] = calibration.time_requests(urls[name], ids, s, conc, spec=spec[name])
                     else:  # engines/interleave, as calibrate and evaluate time: every server on each chunk in turn
-                        t = chunked(urls, ids, s, conc, spec, r, paced=method == "chunked, paced")
+                        t = chunked(urls, ids, s, conc, same, r, paced=method == "chunked, paced")
                     speedup = t["spec"].tps / t["plain"].tps
                     rows.append({
                         "round": r + 1, "condition": cond, "method": method, "plain_tps": round(t["plain"].tps, 2),
@@ -93,20 +93,15 @@ def measure(drafter: Path, target: Path, k: int, rounds: int, idle: int, max_new
     return rows
 
 
-def chunked(urls, ids, s, conc, spec, r, paced):
-    """engines/calibration.in_rounds for one concurrency and round; `paced` False: without the Pacer."""
-    from engines import calibration, interleave, vllm
+def chunked(urls, ids, s, conc, same, r, paced):
+    """One round of engines/calibration.in_rounds on the pair (plain as depth 0, the other as 1), with or
+    without the wait for the previous server's spin."""
+    from engines import calibration, interleave
 
-    pacer, t = interleave.Pacer(interleave.QUIET_S if paced else 0.0), {}
-    for name in urls:
-        vllm.complete(urls[name], ids[0], s, s.seed)  # warm-up, not counted
-        pacer.after(name)
-    for name, part in interleave.schedule(["plain", "spec"], len(ids), conc, r):
-        pacer.before(name)
-        timing = calibration.time_requests(urls[name], ids[part], s, conc, spec=spec[name], warm=False)
-        pacer.after(name)
-        t[name] = calibration.merge(t.get(name), timing)
-    return t
+    quiet = interleave.QUIET_S if paced else 0.0
+    pair = {0: urls["plain"], 1: urls["spec"]}
+    both = calibration.in_rounds(pair, ids, s, [conc], None, 1, start=r, quiet_s=quiet, spec={0: False, 1: not same})
+    return {"plain": both[0][conc], "spec": both[1][conc]}
 
 
 def summary(rows: list[dict]) -> list[dict]:

@@ -168,12 +168,18 @@ def in_rounds(
     concurrencies: list[int],
     progress: Callable[[str], None] | None,
     rounds: int,
+    start: int = 0,
+    quiet_s: float = interleave.QUIET_S,
+    spec: dict[int, bool] | None = None,
 ) -> dict[int, dict[int, Timing]]:
     """Every server (depth 0: plain) at every concurrency, side by side chunk by chunk (engines/interleave),
-    each server warmed up once per round."""
+    each server warmed up once per round. `start` rotates the first round's order, `quiet_s` 0 drops the
+    wait for the previous server's spin and `spec` says which servers draft (default: every depth > 0):
+    bench/served_repeatability compares those choices."""
     from dataclasses import replace
 
-    order, pacer = sorted(urls), interleave.Pacer()
+    order, pacer = sorted(urls), interleave.Pacer(quiet_s)
+    spec = spec if spec is not None else {k: bool(k) for k in urls}
     totals: dict[int, dict[int, Timing]] = {k: {} for k in urls}
     for r in range(rounds):
         for k in order:
@@ -182,9 +188,9 @@ def in_rounds(
         for c in concurrencies:
             if progress:
                 progress(f"round {r + 1}/{rounds}: every server at concurrency {c}")
-            for k, part in interleave.schedule(order, len(prompts), c, r):
+            for k, part in interleave.schedule(order, len(prompts), c, start + r):
                 pacer.before(k)
-                t = time_requests(urls[k], prompts[part], replace(s, k=max(k, 1)), c, spec=bool(k), warm=False)
+                t = time_requests(urls[k], prompts[part], replace(s, k=max(k, 1)), c, spec=spec[k], warm=False)
                 pacer.after(k)
                 totals[k][c] = merge(totals[k].get(c), t)
     return totals
