@@ -50,6 +50,7 @@ class Settings:
     max_model_len: int = 1024
     dtype: str = "float32"
     start_timeout_s: float = 300.0
+    rounds: int = 2  # timing rounds, every server in turn each round: more rounds, a tighter served speed-up
 
 
 def server_command(python: Path, model: Path, port: int, s: Settings, drafter: Path | None) -> list[str]:
@@ -268,7 +269,7 @@ def measure(
                 raise InternalError(f"vLLM ({engine_version}) reported no speculative drafts; its log: {log}")
             if check is not None:
                 check(_run(engine_version, s, seq, None, starts, aux, logs))
-        bar = tqdm(total=len(prompts), desc="vllm side by side", unit="prompt", disable=not progress)
+        bar = tqdm(total=len(prompts) * s.rounds, desc="vllm side by side", unit="prompt", disable=not progress)
         try:
             outputs_base, tps = side_by_side(urls, prompts, s, bar.update)
         finally:
@@ -296,30 +297,32 @@ def measure(
 
 
 def side_by_side(urls: dict[str, str], prompts: list[list[int]], s: Settings, progress: Callable | None):
-    """Batch 1, the servers in turn chunk by chunk (engines/interleave: a few prompts each, the order
-    rotating, each server waiting out the other's engine spin): the plain server's outputs, and decode
-    tok/s of each (first token excluded)."""
+    """Batch 1 for `s.rounds` rounds, the servers in turn chunk by chunk (engines/interleave: a few prompts
+    each, the order rotating, each server waiting out the other's engine spin): the plain server's outputs
+    (first round), and decode tok/s of each over all rounds (first token excluded)."""
     outputs: list[list[int]] = [[] for _ in prompts]
     tokens, seconds, pacer = dict.fromkeys(urls, 0), dict.fromkeys(urls, 0.0), interleave.Pacer()
-    for name, part in interleave.schedule(sorted(urls), len(prompts), 1):
-        pacer.before(name)
-        for i in range(len(prompts))[part]:
-            out, first, total = complete(urls[name], prompts[i], s, s.seed + i)
-            tokens[name] += max(0, len(out) - 1)
-            seconds[name] += total - first
-            if name == "baseline":
-                outputs[i] = out
-                if progress:
-                    progress()
-        pacer.after(name)
+    for r in range(s.rounds):
+        for name, part in interleave.schedule(sorted(urls), len(prompts), 1, r):
+            pacer.before(name)
+            for i in range(len(prompts))[part]:
+                out, first, total = complete(urls[name], prompts[i], s, s.seed + i)
+                tokens[name] += max(0, len(out) - 1)
+                seconds[name] += total - first
+                if name == "baseline":
+                    if r == 0:
+                        outputs[i] = out
+                    if progress:
+                        progress()
+            pacer.after(name)
     return outputs, {n: tokens[n] / max(seconds[n], 1e-9) for n in urls}
 
 
-def alternating(urls: dict[str, str], prompts: list[list[int]], s: Settings, rounds: int = 2):
-    """`concurrency` requests in flight, the servers in turn chunk by chunk (engines/interleave) for `rounds`
-    rounds: per server (wall tok/s, decode tok/s one request sees), over all its chunks."""
+def alternating(urls: dict[str, str], prompts: list[list[int]], s: Settings):
+    """`concurrency` requests in flight, the servers in turn chunk by chunk (engines/interleave) for
+    `s.rounds` rounds: per server (wall tok/s, decode tok/s one request sees), over all its chunks."""
     sums, pacer = {n: [0, 0.0, 0, 0.0] for n in urls}, interleave.Pacer()
-    for r in range(rounds):
+    for r in range(s.rounds):
         for name, part in interleave.schedule(sorted(urls), len(prompts), s.concurrency, r):
             pacer.before(name)
             for i, v in enumerate(concurrent(urls[name], prompts[part], s)):

@@ -53,14 +53,27 @@ def write_traceback(name: str, text: str) -> Path | None:
 NOT_GIVEN = ("", "none", "None", "auto")
 
 
-def integer(value: str, name: str, low: int = 0) -> int:
-    """An integer parameter (`--name`), at least `low`; anything else is bad input naming it."""
+MAX_ROUNDS = 100  # served timing rounds: past this a measurement is hours, not a better figure
+MAX_CONCURRENCY = 64  # requests in flight a served measurement keeps
+
+
+def integer(value: str, name: str, low: int = 0, high: int | None = None) -> int:
+    """A whole-number parameter (`--name`) in [low, high]; anything else (2.7, nan, inf, words) is bad input
+    naming it, never silently rounded."""
     try:
-        out = int(float(value))
+        out = int(value)
     except (TypeError, ValueError):
-        raise BadInput(f"--{name} must be an integer, got {value!r}") from None
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = float("nan")
+        if not number.is_integer():
+            raise BadInput(f"--{name} must be a whole number, got {value!r}") from None
+        out = int(number)
     if out < low:
         raise BadInput(f"--{name} must be >= {low}, got {out}")
+    if high is not None and out > high:
+        raise BadInput(f"--{name} must be <= {high}, got {out}")
     return out
 
 

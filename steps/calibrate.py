@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import shlex
 import sys
 import time
 from pathlib import Path
 
 from drafter.errors import BadInput
-from steps._cli import integer, log_params, none_if_empty, parser, run_step, step_run
+from steps._cli import MAX_CONCURRENCY, MAX_ROUNDS, integer, log_params, none_if_empty, parser, run_step, step_run
 from steps.import_drafter import MINIWORLD
 
 DEFAULT_PROMPTS = MINIWORLD.parent / "miniworld" / "prompts" / "k2.5-val.jsonl"
@@ -55,8 +56,8 @@ def int_list(value: str, name: str) -> list[int]:
         items = [float(x) for x in value.split(",") if x.strip()]
     except ValueError:
         raise BadInput(f"--{name} must be comma-separated whole numbers, got {value!r}") from None
-    if not items or any(x != int(x) or not 1 <= x <= 64 for x in items):
-        raise BadInput(f"--{name} must be whole numbers from 1 to 64, got {value!r}")
+    if not items or any(not math.isfinite(x) or x != int(x) or not 1 <= x <= MAX_CONCURRENCY for x in items):
+        raise BadInput(f"--{name} must be whole numbers from 1 to {MAX_CONCURRENCY}, got {value!r}")
     if len(set(items)) != len(items):
         raise BadInput(f"--{name} repeats a value: {value!r}")
     return sorted(int(x) for x in items)
@@ -155,7 +156,7 @@ def time_launched(args, prompts, loads, s):
     workdir = Path(tempfile.mkdtemp(prefix="drafterops-calibrate-"))
     exported = export.write(Path(folder), workdir / "drafter-vllm", "vllm", depths[-1], args.target)
     served = calibration.Served(python, version, Path(exported.target), exported.folder, workdir)
-    rounds = integer(args.rounds, "rounds", 1)
+    rounds = integer(args.rounds, "rounds", 1, MAX_ROUNDS)
     bar, step = progress_bar(args, 1 + len(depths) + rounds * len(loads))
     try:
         plain, spec, logs = calibration.measure_launched(served, prompts, s, depths, loads, step, rounds)
@@ -199,7 +200,7 @@ def time_endpoints(args, endpoints, plain_url, prompts, loads, s):
         if k in depths:
             raise BadInput(f"{url} and {depths[k]} both serve depth {k}")
         depths[k] = url
-    rounds = integer(args.rounds, "rounds", 1)
+    rounds = integer(args.rounds, "rounds", 1, MAX_ROUNDS)
     bar, step = progress_bar(args, len(loads) * rounds)
     try:
         plain, spec = calibration.measure_endpoints(depths, plain_url, prompts, s, loads, step, rounds)

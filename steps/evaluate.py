@@ -21,7 +21,7 @@ from drafter.workload_report import (
     workload_figures,
 )
 from registry import evidence
-from steps._cli import integer, log_params, none_if_empty, parser, run_step, step_run
+from steps._cli import MAX_CONCURRENCY, MAX_ROUNDS, integer, log_params, none_if_empty, parser, run_step, step_run
 from steps.import_drafter import MINIWORLD
 
 
@@ -55,6 +55,9 @@ def build() -> argparse.ArgumentParser:
         "`python -m engines.environment` created)",
     )  # fmt: skip
     p.add_argument("--concurrency", default="4", help="requests in flight for the served-throughput figure")
+    p.add_argument(
+        "--rounds", default="2", help="served timing rounds, both servers in turn each round (more: a tighter speed-up)"
+    )
     p.add_argument(
         "--reference",
         default="in-process",
@@ -140,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
     if not records and engine != "in-process":
         raise BadInput(f"--engine {engine} measures on prompts: give --prompts")
     if engine != "in-process":
+        integer(args.concurrency, "concurrency", 1, MAX_CONCURRENCY)  # settings first: the reference takes minutes
+        integer(args.rounds, "rounds", 1, MAX_ROUNDS)
         check_engine_reachable(engine, endpoint, none_if_empty(args.engine_python))
     target = load_target(args.target, progress=args.progress) if reference or data_dir else None
     drafter = (
@@ -216,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
                 "endpoint": endpoint,
                 "reference": args.reference,
                 "concurrency": args.concurrency,
+                "rounds": args.rounds,
                 "handed_aux_ids": args.handed_aux_ids,
                 "format": args.drafter_format,
                 "agreement_tolerance": args.agreement_tolerance,
@@ -349,7 +355,8 @@ def serve_and_measure(args, engine, endpoint, folder, records, k, max_new, tempe
     from engines.vllm import Settings
     from steps._cli import integer
 
-    concurrency = integer(args.concurrency, "concurrency", 1)
+    concurrency = integer(args.concurrency, "concurrency", 1, MAX_CONCURRENCY)
+    rounds = integer(args.rounds, "rounds", 1, MAX_ROUNDS)
     tolerance = _num(args.agreement_tolerance, "agreement_tolerance")
     handed = None
     if none_if_empty(args.handed_aux_ids):
@@ -361,7 +368,7 @@ def serve_and_measure(args, engine, endpoint, folder, records, k, max_new, tempe
     prompts, _ = encode_prompts(tokenizer, records, context, max_new, k)
     settings = Settings(
         k=k, max_new_tokens=max_new, temperature=temperature, seed=seed, stop_token_id=stop_token(tokenizer),
-        concurrency=concurrency, max_model_len=context,
+        concurrency=concurrency, max_model_len=context, rounds=rounds,
     )  # fmt: skip
     return harness.measure_checked(
         engine, Path(folder), Path(args.target), [p.tolist() for p in prompts], settings,

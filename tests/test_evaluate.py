@@ -111,6 +111,8 @@ def test_evaluate_logs_metrics_plots_and_tags(tiny_targets, registered):
         (["--profile", "nope"], "unknown profile 'nope'"),
         (["--draft_steps", "0"], "--draft_steps must be >= 1"),
         (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
+        (["--engine", "vllm", "--rounds", "0"], "--rounds must be >= 1"),
+        (["--engine", "vllm", "--concurrency", "2.5"], "--concurrency must be a whole number, got '2.5'"),
         (["--model", "models:/k25-tiny-eagle3/9"], "no such registered model version"),
     ],
 )
