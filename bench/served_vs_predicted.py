@@ -14,9 +14,15 @@ import json
 from pathlib import Path
 
 from drafter.cost import break_even_accept_len, load_profile
+from drafter.operating_report import served_vs_predicted
+from steps.evaluate import served_speedups
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results"
+
+
+def per_concurrency(metrics: dict[str, float], prefix: str) -> dict[int, float]:
+    return {int(key.removeprefix(prefix)): v for key, v in metrics.items() if key.startswith(prefix)}
 
 
 def rows(store: str, profile_path: str | None) -> list[dict]:
@@ -48,15 +54,16 @@ def rows(store: str, profile_path: str | None) -> list[dict]:
             "engine_accept_len": m["engine_accept_len"],
             "host_predicted_speedup": m["engine_accept_len"] / break_even_accept_len(host_k),
         }
-        predicted = {key.rsplit("_c", 1)[1]: v for key, v in m.items() if key.startswith("predicted_served_speedup_c")}
+        served = served_speedups(m)
+        predicted = per_concurrency(m, "predicted_served_speedup_c")
         if profile_path:  # another calibration's prediction from the same served figures
-            other = load_profile(profile_path)
-            predicted = {str(op.concurrency): m["engine_accept_len"] * 1000 / op.cycle_ms(k) / op.plain_tps
-                         for op in other.operating_points}  # fmt: skip
+            again = served_vs_predicted(
+                load_profile(profile_path), k, m["engine_accept_len"], served, m.get("engine_delivered_share", 1.0)
+            )
+            predicted = per_concurrency(again, "predicted_served_speedup_c")
         for c_, value in predicted.items():
-            served = m["served_speedup"] if c_ == "1" else m.get(f"served_decode_speedup_c{c_}")
-            if served is not None:
-                row[f"c{c_}"] = {"predicted": value, "served": served, "error": served / value - 1}
+            if c_ in served:
+                row[f"c{c_}"] = {"predicted": value, "served": served[c_], "error": served[c_] / value - 1}
         out.append(row)
     return out
 

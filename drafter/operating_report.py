@@ -57,14 +57,18 @@ def operating_metrics(profile: Profile, accept_len: float, acc_pos: list[float] 
     return out
 
 
-def served_vs_predicted(profile: Profile, k: int, engine_accept_len: float, served: dict[int, float]) -> dict:
+def served_vs_predicted(
+    profile: Profile, k: int, engine_accept_len: float, served: dict[int, float], delivered_share: float = 1.0
+) -> dict:
     """For each concurrency the engine served at and the profile has a point for: the speed-up the
-    profile predicts from the engine's accept_len, and the served one's relative error against it."""
+    profile predicts from the tokens each engine cycle delivered (accept_len x delivered_share: the
+    counters also count what a reply's last cycle accepted past its end), and the served one's relative
+    error against it."""
     out = {}
     for op in profile.operating_points:
         if op.concurrency not in served:
             continue
-        predicted = engine_accept_len * 1000.0 / op.cycle_ms(k) / op.plain_tps
+        predicted = engine_accept_len * delivered_share * 1000.0 / op.cycle_ms(k) / op.plain_tps
         out[f"predicted_served_speedup_c{op.concurrency}"] = predicted
         out[f"served_vs_predicted_c{op.concurrency}"] = served[op.concurrency] / predicted - 1
     return out

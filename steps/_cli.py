@@ -249,6 +249,17 @@ def _same(a: str, b: str) -> bool:
         return a == b
 
 
+def log_figure(fig, artifact_file: str) -> None:
+    """`mlflow.log_figure`, then the figure closed: pyplot keeps every figure it made until it is closed."""
+    import matplotlib.pyplot as plt
+    import mlflow
+
+    try:
+        mlflow.log_figure(fig, artifact_file)
+    finally:
+        plt.close(fig)
+
+
 def log_params(effective: dict[str, object]) -> None:
     """Each parameter as asked (`mlflow run` logs the entry point's own before the step starts, and
     MLflow refuses to change a param) and, where the step worked it out (`auto`, a relative path, a

@@ -18,7 +18,17 @@ import time
 from pathlib import Path
 
 from drafter.errors import BadInput
-from steps._cli import MAX_CONCURRENCY, MAX_ROUNDS, integer, log_params, none_if_empty, parser, run_step, step_run
+from steps._cli import (
+    MAX_CONCURRENCY,
+    MAX_ROUNDS,
+    integer,
+    log_figure,
+    log_params,
+    none_if_empty,
+    parser,
+    run_step,
+    step_run,
+)
 from steps.import_drafter import MINIWORLD
 
 DEFAULT_PROMPTS = MINIWORLD.parent / "miniworld" / "prompts" / "k2.5-val.jsonl"
@@ -314,7 +324,7 @@ def write_and_log(args, out, source, loads, shares, plain, spec, measured, promp
         mlflow.log_metrics(metrics)
         mlflow.log_dict(calibration, "calibration.json")
         mlflow.log_artifact(str(out), "profile")
-        mlflow.log_figure(report.figure(ops, depths, observed), "served_tps_vs_accept_len.png")
+        log_figure(report.figure(ops, depths, observed), "served_tps_vs_accept_len.png")
         for log in logs:
             if Path(log).is_file():
                 mlflow.log_artifact(log, "engine_logs")

@@ -21,7 +21,17 @@ from drafter.workload_report import (
     workload_figures,
 )
 from registry import evidence
-from steps._cli import MAX_CONCURRENCY, MAX_ROUNDS, integer, log_params, none_if_empty, parser, run_step, step_run
+from steps._cli import (
+    MAX_CONCURRENCY,
+    MAX_ROUNDS,
+    integer,
+    log_figure,
+    log_params,
+    none_if_empty,
+    parser,
+    run_step,
+    step_run,
+)
 from steps.import_drafter import MINIWORLD
 
 
@@ -202,7 +212,10 @@ def run(args: argparse.Namespace) -> int:
             metrics.update(class_positions(classes, online.accepted, k))
         metrics.update(operating_metrics(deployment, metrics["accept_len"], measured.acc_pos, k))
         if run is not None:
-            metrics.update(served_vs_predicted(deployment, k, run.accept_len, served_speedups(metrics)))
+            metrics["engine_delivered_share"] = run.delivered_share
+            metrics.update(
+                served_vs_predicted(deployment, k, run.accept_len, served_speedups(metrics), run.delivered_share)
+            )
     name = f"{mv.name}/v{mv.version}" if mv is not None else Path(folder).name
     with step_run("evaluate", run_name=f"evaluate {name.split('/')[-1]} @ {profile.name}"):
         log_params(
@@ -249,23 +262,23 @@ def run(args: argparse.Namespace) -> int:
             figure_source = run if run is not None else online
             ci = (metrics["accept_len_ci_low"], metrics["accept_len_ci_high"])
             where = f" ({run.engine_version})" if run is not None else ""
-            mlflow.log_figure(
+            log_figure(
                 acceptance_figure(offline_acc, figure_source.acc_pos, f"{name}: acceptance by position{where}"),
                 "acceptance_by_position.png",
             )
-            mlflow.log_figure(
+            log_figure(
                 break_even_figure(
                     metrics["accept_len"], ci, metrics["break_even_accept_len"], k, f"{name} on {profile.name}{where}"
                 ),
                 "accept_len_vs_break_even.png",
             )
             if by_class is not None and len(classes) > 1:
-                mlflow.log_figure(
+                log_figure(
                     classes_figure(*by_class, profile, f"{name} on {profile.name}{where}"), "accept_len_by_class.png"
                 )
                 mlflow.log_table(class_table(*by_class, profile), artifact_file="classes.json")
         elif offline_acc is not None:
-            mlflow.log_figure(
+            log_figure(
                 acceptance_figure(None, offline_acc, f"{name}: offline acceptance"), "acceptance_by_position.png"
             )
         if measured is not None and records:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from drafter.errors import INTERNAL_ERROR, BadInput, DrafterOpsError, GateRefused
-from steps._cli import log_params, parser, run_link, run_step, step_run
+from steps._cli import log_figure, log_params, parser, run_link, run_step, step_run
 from steps.import_drafter import MINIWORLD
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -228,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
         text = summary(name, results, args.profile, decision, seconds, served, where_now(c, name, drafters))
         mlflow.log_text(text + "\n", "summary.md")
         mlflow.set_tag("mlflow.note.content", text)  # the run's description in the UI is its summary
-        mlflow.log_figure(comparison_figure(results, args.profile), "drafters_vs_break_even.png")
+        log_figure(comparison_figure(results, args.profile), "drafters_vs_break_even.png")
         mlflow.log_metric("main_seconds", seconds)
         # one row per drafter, under the evaluate runs' own metric names (Compare lines those runs up)
         rows = [{"drafter": label, "version": v, **m} for label, (v, m) in results.items()]

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from drafter.errors import BadInput
-from steps._cli import integer, log_params, none_if_empty, parser, run_step, step_run
+from steps._cli import integer, log_figure, log_params, none_if_empty, parser, run_step, step_run
 from steps.import_drafter import MINIWORLD
 
 
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         mlflow.log_metrics(metrics)
         mlflow.set_tags({"probe.verdict": line, "mlflow.note.content": f"**{line}**\n\n{against}\n\n{table}"})
         mlflow.log_text(table + f"\n\n{line}\n", "probe.md")
-        mlflow.log_figure(
+        log_figure(
             figure(sim, old.conditional_acceptance, new.conditional_acceptance, f"{label}: {old_name} -> {new_name}"),
             "probe.png",
         )

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from drafter.errors import BadInput
-from steps._cli import log_params, none_if_empty, parser, run_step, step_run
+from steps._cli import log_figure, log_params, none_if_empty, parser, run_step, step_run
 from steps.import_drafter import MINIWORLD
 from tuning.space import DEFAULT_BASELINE
 
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         mlflow.log_text(text + "\n", "scale.md")
         mlflow.log_table(pd.DataFrame([p.__dict__ for p in points]), artifact_file="ladder.json")
         fig = figure(points, fits, profile.baseline_tps, be, profile.name, profile.draft_steps)
-        mlflow.log_figure(fig, "learning_curve.png")
+        log_figure(fig, "learning_curve.png")
         lines.append(text)
         mlflow.set_tag("mlflow.note.content", text)
         if version is not None:  # the answer sits on the page of the drafter it concerns

@@ -169,17 +169,63 @@ def step_env(cwd: Path, **extra: str) -> dict[str, str]:
     }
 
 
-def run_step(name: str, args: list[str], cwd: Path, wait: bool = True):
-    """`python -m steps.<name> args...` in a subprocess (finished CompletedProcess, or a Popen)."""
+def run_step(name: str, args: list[str], cwd: Path, wait: bool = True, here: bool = False):
+    """`python -m steps.<name> args...` in a subprocess (finished CompletedProcess, or a Popen); with
+    `here`, the same entry point in this process (tests about what a step decides, not about its CLI)."""
     import subprocess
     import sys
 
+    if here:
+        return run_step_here(name, args, cwd)
     cmd = [sys.executable, "-m", f"steps.{name}", *args]
     if not wait:
         return subprocess.Popen(
             cmd, cwd=cwd, env=step_env(cwd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
     return subprocess.run(cmd, cwd=cwd, env=step_env(cwd), capture_output=True, text=True, timeout=900)
+
+
+def fresh_process_state() -> None:
+    """What a new process would not remember: the runs and arguments of the last step, the stores made
+    ready, files hashed, keys announced. An in-process step must not see another's."""
+    from registry import signing, store
+    from steps import _cli
+
+    for remembered in (_cli._STEP_RUNS, _cli._ASKED, store._READY, store._HASHED, signing._ANNOUNCED):
+        remembered.clear()
+
+
+def run_step_here(name: str, args: list[str], cwd: Path):
+    """`steps.<name>.main(args)` in this process, as a subprocess would run it: the step's environment
+    and working folder, stdout and stderr captured, its exit code; no imports paid again (about 5 s a
+    step). Nothing of it is left behind: environment, folder, active runs, remembered state."""
+    import importlib
+    import io
+    import os
+    import subprocess
+
+    import mlflow
+
+    module = importlib.import_module(f"steps.{name}")
+    saved_env, saved_cwd, env = dict(os.environ), Path.cwd(), step_env(cwd)
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    fresh_process_state()
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            module.main(list(args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        while mlflow.active_run() is not None:
+            mlflow.end_run("KILLED")
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        fresh_process_state()
+    return subprocess.CompletedProcess(["steps." + name, *args], code, out.getvalue(), err.getvalue())
 
 
 def free_port() -> int:

@@ -132,6 +132,20 @@ def test_evaluate_figures_per_operating_point_and_served_against_predicted(tmp_p
     assert "predicted_served_speedup_c8" not in v
 
 
+def test_a_served_prediction_counts_only_the_tokens_a_client_received(tmp_path):
+    """vLLM's counters include what a reply's last cycle accepted past its end; served tok/s counts what
+    the client got. Two replies of 9 tokens (8 after the first) whose cycles counted 10 tokens each: 80%."""
+    from engines.measurement import EngineRun
+
+    run = EngineRun("vllm", "vllm 0", 2, [(10, 5), (10, 4)], [], [list(range(9))] * 2, None, None, 1.0)
+    assert run.delivered_share == pytest.approx(16 / 20)
+    assert EngineRun("vllm", "vllm 0", 2, [(10, 5)], [], [], None, None, 1.0).delivered_share == 1.0  # no outputs
+    p = load_profile(str(write_calibrated(tmp_path))).with_draft_steps(2)
+    full = served_vs_predicted(p, 2, run.accept_len, {1: 1.0})["predicted_served_speedup_c1"]
+    cut = served_vs_predicted(p, 2, run.accept_len, {1: 1.0}, run.delivered_share)["predicted_served_speedup_c1"]
+    assert cut == pytest.approx(0.8 * full)
+
+
 # ------------------------------------------------------------------------------------------ CLI
 def calibrate(tmp_path, *args):
     from tests.conftest import run_step

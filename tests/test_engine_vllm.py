@@ -41,7 +41,7 @@ def evaluate(store, python: Path, version: str, *extra: str) -> subprocess.Compl
     cmd = [
         sys.executable, "-m", "steps.evaluate", "--model", f"models:/k2.5-mini-eagle3/{version}",
         "--engine", "vllm", "--engine_python", str(python), "--class", "code", "--limit", "12",
-        "--max_new_tokens", "32", "--concurrency", "2", "--no-progress", *extra,
+        "--max_new_tokens", "32", "--concurrency", "2", "--rounds", "1", "--no-progress", *extra,
     ]  # fmt: skip
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 

@@ -176,12 +176,13 @@ def test_server_is_stopped_when_the_measuring_process_is_interrupted(tmp_path, s
 
     port, pidfile = free_port(), tmp_path / "server.pid"
     code = f"""
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as under a terminal: a background job inherits SIG_IGN
 from engines.server import ManagedServer
 cmd = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "{port}"]
 with ManagedServer("toy", cmd, {{}}, __import__("pathlib").Path("{tmp_path}/s.log"), "http://127.0.0.1:{port}/") as s:
     open("{pidfile}", "w").write(str(s.proc.pid))
-    time.sleep(120)
+    time.sleep(600)  # longer than the wait below: only the signal ends it in time
 """
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1])
     deadline = time.time() + 300  # generous: it tests behaviour, not speed, on a loaded 2-core machine

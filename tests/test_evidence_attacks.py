@@ -35,6 +35,7 @@ def _evaluate(tmp: Path, version: str, profile: str, *extra: str, target: Path, 
         ["--model", f"models:/{NAME}/{version}", "--target", str(target), "--profile", str(tmp / profile)]
         + ["--no-progress", *extra],
         tmp,
+        here=True,
     )
     assert res.returncode == code, res.stdout[-2000:] + res.stderr[-2000:]
     return res
@@ -42,7 +43,10 @@ def _evaluate(tmp: Path, version: str, profile: str, *extra: str, target: Path, 
 
 def _promote(tmp: Path, version: str, profile: str = "lenient.yaml", stage: str = "staging"):
     return run_step(
-        "promote", ["--model", f"models:/{NAME}/{version}", "--profile", str(tmp / profile), "--stage", stage], tmp
+        "promote",
+        ["--model", f"models:/{NAME}/{version}", "--profile", str(tmp / profile), "--stage", stage],
+        tmp,
+        here=True,
     )
 
 
@@ -220,13 +224,13 @@ def test_the_candidate_cannot_choose_its_evaluation(candidate_store):
     def evaluate(profile: str, *extra: str):
         res = run_step(
             "evaluate", ["--model", uri, "--target", str(target), "--profile", str(tmp / profile), "--no-progress",
-                         *extra], tmp,
+                         *extra], tmp, here=True,
         )  # fmt: skip
         assert res.returncode == 0, res.stderr[-2000:]
         return res
 
     def promote(profile: str = "mix.yaml"):
-        return run_step("promote", ["--model", uri, "--profile", str(tmp / profile)], tmp)
+        return run_step("promote", ["--model", uri, "--profile", str(tmp / profile)], tmp, here=True)
 
     first = [json.loads(line) for line in train.open()][:1]
     (tmp / "easiest.jsonl").write_text((json.dumps(first[0]) + "\n") * 20)

@@ -73,6 +73,7 @@ def evaluate(tmp, uri, target, profile, *extra):
         "evaluate",
         ["--model", uri, "--target", str(target), "--profile", str(profile), "--no-progress", *extra],
         tmp,
+        here=True,
     )
     assert res.returncode == 0, res.stderr[-2000:]
     return res
@@ -94,7 +95,7 @@ def register_gated(tmp: Path, wrapped: Path, seeds: tuple[int, ...]) -> None:
             ("import_drafter", ["--source", str(tmp / f"d{seed}"), "--target", str(wrapped)]),
             ("shape_gate", ["--model", f"models:/k25-tiny-eagle3/{seed}", "--target", str(wrapped)]),
         ):
-            res = run_step(step, args, tmp)
+            res = run_step(step, args, tmp, here=True)
             assert res.returncode == 0, res.stderr[-2000:]
 
 
@@ -147,7 +148,7 @@ def test_every_way_around_the_gate_is_refused(evaluated, tiny_targets):
     lenient = str(tmp / "lenient.yaml")
 
     def promote(profile=lenient, stage="production"):
-        return run_step("promote", ["--model", uri, "--profile", profile, "--stage", stage], tmp)
+        return run_step("promote", ["--model", uri, "--profile", profile, "--stage", stage], tmp, here=True)
 
     def holders():
         aliases = c.get_registered_model(name).aliases

@@ -212,7 +212,11 @@ def log_figures(study: Any, title: str | None = None) -> None:
     from optuna.visualization import matplotlib as ovm
 
     done = [t for t in study.trials if t.state == TrialState.COMPLETE]
-    mlflow.log_figure(history_figure(study, title), "optuna_history.png")
+    import matplotlib.pyplot as plt
+
+    fig = history_figure(study, title)
+    mlflow.log_figure(fig, "optuna_history.png")
+    plt.close(fig)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if any(t.intermediate_values for t in study.trials):
