@@ -101,7 +101,7 @@ def main() -> None:
     text = markdown(table)
     (OUT / "served_vs_predicted.md").write_text(
         "# Served speed-up against the calibrated profile's prediction\n\n`python -m bench.served_vs_predicted "
-        f"--store {args.store}`\n\n{text}"
+        f"--store {args.store}" + (f" --profile {args.profile}" if args.profile else "") + f"`\n\n{text}"
     )
     print(text)
 

@@ -213,7 +213,7 @@ def promoted(tiny_targets, tmp_path):
             include_embedding=False,
         )
         assert run_step("import_drafter", ["--source", str(tmp_path / f"d{seed}"), "--target", str(wrapped)],
-                        tmp_path).returncode == 0  # fmt: skip
+                        tmp_path, here=True).returncode == 0  # fmt: skip
     for v in ("1", "2"):
         uri = f"models:/{NAME}/{v}"
         for step, args in (
@@ -221,7 +221,7 @@ def promoted(tiny_targets, tmp_path):
             ("evaluate", ["--model", uri, "--target", str(wrapped), "--profile", str(tmp_path / "lenient.yaml")]),
             ("promote", ["--model", uri, "--profile", str(tmp_path / "lenient.yaml")]),
         ):
-            res = run_step(step, args, tmp_path)
+            res = run_step(step, args, tmp_path, here=True)
             assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     return tmp_path, wrapped
 
