@@ -52,6 +52,7 @@ def rows(store: str, profile_path: str | None) -> list[dict]:
             "profile": path,
             "k": k,
             "engine_accept_len": m["engine_accept_len"],
+            "delivered_share": m.get("engine_delivered_share"),  # None: a run from before the correction
             "host_predicted_speedup": m["engine_accept_len"] / break_even_accept_len(host_k),
         }
         served = served_speedups(m)
@@ -72,10 +73,10 @@ def markdown(table: list[dict]) -> str:
     loads = sorted(
         {key for r in table for key in r if key.startswith("c") and key[1:].isdigit()}, key=lambda x: int(x[1:])
     )
-    head = "| drafter | k | engine accept_len | " + " | ".join(
+    head = "| drafter | k | engine accept_len | delivered share | " + " | ".join(
         f"{c.replace('c', 'concurrency ')}: served / predicted (error)" for c in loads
     )
-    lines = [head + " | host.yaml predicts |", "|---" * (len(loads) + 4) + "|"]
+    lines = [head + " | host.yaml predicts |", "|---" * (len(loads) + 5) + "|"]
     for r in table:
         cells = []
         for c in loads:
@@ -83,7 +84,8 @@ def markdown(table: list[dict]) -> str:
             cells.append(
                 f"{x['served']:.2f}x / {x['predicted']:.2f}x ({100 * x['error']:+.1f}%)" if x and x["served"] else "-"
             )
-        lines.append(f"| {r['model']} | {r['k']} | {r['engine_accept_len']:.3f} | " + " | ".join(cells)
+        share = f"{r['delivered_share']:.3f}" if r.get("delivered_share") else "- (uncorrected)"
+        lines.append(f"| {r['model']} | {r['k']} | {r['engine_accept_len']:.3f} | {share} | " + " | ".join(cells)
                      + f" | {r['host_predicted_speedup']:.2f}x |")  # fmt: skip
     return "\n".join(lines) + "\n"
 

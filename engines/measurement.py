@@ -55,9 +55,11 @@ class EngineRun:
         """Decode tokens the client received (first token excluded) per token the verify cycles counted: below
         1 by what a reply's last cycle accepted past its end (the engine counts it, nobody receives it), about
         1-4% on the mini world's 50-token replies. Served tok/s is delivered tokens, so a prediction of it is too."""
+        if len(self.outputs_spec) != len(self.per_prompt):
+            return 1.0  # no reply per counted prompt (a user's endpoint, an engine without token ids)
         counted = sum(t for t, _ in self.per_prompt)
         delivered = sum(max(0, len(out) - 1) for out in self.outputs_spec)
-        return delivered / counted if counted and self.outputs_spec else 1.0
+        return min(1.0, delivered / counted) if counted and delivered else 1.0
 
     @property
     def drafts(self) -> int:

@@ -55,6 +55,7 @@ NOT_GIVEN = ("", "none", "None", "auto")
 
 MAX_ROUNDS = 100  # served timing rounds: past this a measurement is hours, not a better figure
 MAX_CONCURRENCY = 64  # requests in flight a served measurement keeps
+MAX_DRAFT_STEPS = 64  # as a profile's draft_steps (drafter/cost.BOUNDS)
 
 
 def integer(value: str, name: str, low: int = 0, high: int | None = None) -> int:
@@ -71,9 +72,9 @@ def integer(value: str, name: str, low: int = 0, high: int | None = None) -> int
             raise BadInput(f"--{name} must be a whole number, got {value!r}") from None
         out = int(number)
     if out < low:
-        raise BadInput(f"--{name} must be >= {low}, got {out}")
+        raise BadInput(f"--{name} must be >= {low}, got {value!r}")
     if high is not None and out > high:
-        raise BadInput(f"--{name} must be <= {high}, got {out}")
+        raise BadInput(f"--{name} must be <= {high}, got {value!r}")
     return out
 
 

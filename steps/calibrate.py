@@ -278,7 +278,7 @@ def write_and_log(args, out, source, loads, shares, plain, spec, measured, promp
         concurrency=loads,
         prompts=str(args.prompts),
         prompts_sha256=prompts_digest,
-        max_new_tokens=int(args.max_new_tokens),
+        max_new_tokens=integer(args.max_new_tokens, "max_new_tokens", 2),
         command=" ".join(shlex.quote(a) for a in ["python", "-m", "steps.calibrate", *sys.argv[1:]]),
     )
     raw_source = yaml.safe_load(source.read_text())

@@ -23,6 +23,7 @@ from drafter.workload_report import (
 from registry import evidence
 from steps._cli import (
     MAX_CONCURRENCY,
+    MAX_DRAFT_STEPS,
     MAX_ROUNDS,
     integer,
     log_figure,
@@ -120,9 +121,9 @@ def run(args: argparse.Namespace) -> int:
     from drafter.target import load_target
 
     profile = load_profile(args.profile)
-    k = _num(args.draft_steps, "draft_steps", int) if none_if_empty(args.draft_steps) else profile.draft_steps
-    if k < 1:
-        raise BadInput(f"--draft_steps must be >= 1, got {k}")
+    k = profile.draft_steps
+    if none_if_empty(args.draft_steps):
+        k = integer(args.draft_steps, "draft_steps", 1, MAX_DRAFT_STEPS)
     temperature = _num(args.temperature, "temperature") if none_if_empty(args.temperature) else profile.eval_temperature
     if not (0 <= temperature < float("inf")):
         raise BadInput(f"--temperature must be a finite number >= 0, got {args.temperature}")
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         if none_if_empty(args.max_new_tokens)
         else profile.eval_max_new_tokens
     )
-    limit, seed = integer(args.limit, "limit"), _num(args.seed, "seed", int)
+    limit, seed = integer(args.limit, "limit"), integer(args.seed, "seed", 0, 2**32 - 1)
     base_profile, deployment = profile, profile.with_draft_steps(k)
     profile = deployment.binding()  # figures against the operating point with the highest break-even
     data_dir = none_if_empty(args.data)
@@ -153,8 +154,7 @@ def run(args: argparse.Namespace) -> int:
     if not records and engine != "in-process":
         raise BadInput(f"--engine {engine} measures on prompts: give --prompts")
     if engine != "in-process":
-        integer(args.concurrency, "concurrency", 1, MAX_CONCURRENCY)  # settings first: the reference takes minutes
-        integer(args.rounds, "rounds", 1, MAX_ROUNDS)
+        engine_settings(args)  # settings first: the in-process reference takes minutes
         check_engine_reachable(engine, endpoint, none_if_empty(args.engine_python))
     target = load_target(args.target, progress=args.progress) if reference or data_dir else None
     drafter = (
@@ -234,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
                 "endpoint": endpoint,
                 "reference": args.reference,
                 "concurrency": args.concurrency,
-                "rounds": args.rounds,
+                "rounds": args.rounds if engine == "vllm" and not endpoint else "none",  # only launched vLLM
                 "handed_aux_ids": args.handed_aux_ids,
                 "format": args.drafter_format,
                 "agreement_tolerance": args.agreement_tolerance,
@@ -361,22 +361,35 @@ def check_engine_reachable(engine: str, endpoint: str | None, python: str | None
         environment.engine_version(environment.find_python(engine, python), engine)
 
 
-def serve_and_measure(args, engine, endpoint, folder, records, k, max_new, temperature, seed, online):
-    """The drafter on a serving engine, checked against the project's own decoding when it ran."""
-    from drafter.evaluation import encode_prompts, stop_token, target_tokenizer
-    from engines import harness
-    from engines.vllm import Settings
-    from steps._cli import integer
-
+def engine_settings(args) -> tuple[int, int, float, float, list[int] | None]:
+    """The serving-engine settings, each checked (finite, in range): concurrency, rounds, agreement
+    tolerance, share of prompts that must agree, aux ids handed as they are (None: translated)."""
     concurrency = integer(args.concurrency, "concurrency", 1, MAX_CONCURRENCY)
     rounds = integer(args.rounds, "rounds", 1, MAX_ROUNDS)
-    tolerance = _num(args.agreement_tolerance, "agreement_tolerance")
+    tolerance, agreement = (
+        _num(args.agreement_tolerance, "agreement_tolerance"),
+        _num(args.agreement_prompts, "agreement_prompts"),
+    )
+    if not 0 <= tolerance < 1:
+        raise BadInput(f"--agreement_tolerance must be a number in [0, 1), got {args.agreement_tolerance!r}")
+    if not 0 <= agreement <= 1:
+        raise BadInput(f"--agreement_prompts must be a share in [0, 1], got {args.agreement_prompts!r}")
     handed = None
     if none_if_empty(args.handed_aux_ids):
         try:
             handed = [int(x) for x in args.handed_aux_ids.split(",")]
         except ValueError:
             raise BadInput(f"--handed_aux_ids must be comma-separated integers, got {args.handed_aux_ids!r}") from None
+    return concurrency, rounds, tolerance, agreement, handed
+
+
+def serve_and_measure(args, engine, endpoint, folder, records, k, max_new, temperature, seed, online):
+    """The drafter on a serving engine, checked against the project's own decoding when it ran."""
+    from drafter.evaluation import encode_prompts, stop_token, target_tokenizer
+    from engines import harness
+    from engines.vllm import Settings
+
+    concurrency, rounds, tolerance, agreement, handed = engine_settings(args)
     tokenizer, context = target_tokenizer(args.target)
     prompts, _ = encode_prompts(tokenizer, records, context, max_new, k)
     settings = Settings(
@@ -386,7 +399,7 @@ def serve_and_measure(args, engine, endpoint, folder, records, k, max_new, tempe
     return harness.measure_checked(
         engine, Path(folder), Path(args.target), [p.tolist() for p in prompts], settings,
         reference=(online.outputs, online.per_prompt) if online is not None else None,
-        tolerance=tolerance, min_prompts=_num(args.agreement_prompts, "agreement_prompts"),
+        tolerance=tolerance, min_prompts=agreement,
         python=none_if_empty(args.engine_python), endpoint=endpoint, handed_ids=handed, progress=args.progress,
         fmt=args.drafter_format,
     )  # fmt: skip

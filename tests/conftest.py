@@ -206,6 +206,7 @@ def run_step_here(name: str, args: list[str], cwd: Path):
 
     import mlflow
 
+    assert mlflow.active_run() is None, "a step run here would nest under the test's own run"
     module = importlib.import_module(f"steps.{name}")
     saved_env, saved_cwd, env = dict(os.environ), Path.cwd(), step_env(cwd)
     out, err, code = io.StringIO(), io.StringIO(), 0

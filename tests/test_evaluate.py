@@ -113,6 +113,8 @@ def test_evaluate_logs_metrics_plots_and_tags(tiny_targets, registered):
         (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
         (["--engine", "vllm", "--rounds", "0"], "--rounds must be >= 1"),
         (["--engine", "vllm", "--concurrency", "2.5"], "--concurrency must be a whole number, got '2.5'"),
+        (["--draft_steps", "inf"], "--draft_steps must be a whole number, got 'inf'"),
+        (["--engine", "vllm", "--agreement_prompts", "nan"], "--agreement_prompts must be a share in [0, 1]"),
         (["--model", "models:/k25-tiny-eagle3/9"], "no such registered model version"),
     ],
 )

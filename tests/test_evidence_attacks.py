@@ -29,13 +29,13 @@ def _client(tmp: Path) -> mlflow.MlflowClient:
     return mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
 
 
-def _evaluate(tmp: Path, version: str, profile: str, *extra: str, target: Path, code: int = 0):
+def _evaluate(tmp: Path, version: str, profile: str, *extra: str, target: Path, code: int = 0, here: bool = True):
     res = run_step(
         "evaluate",
         ["--model", f"models:/{NAME}/{version}", "--target", str(target), "--profile", str(tmp / profile)]
         + ["--no-progress", *extra],
         tmp,
-        here=True,
+        here=here,
     )
     assert res.returncode == code, res.stdout[-2000:] + res.stderr[-2000:]
     return res
@@ -112,7 +112,7 @@ def test_chosen_forged_and_impossible_records_are_refused_then_the_honest_one_pr
         (tmp / "lenient.yaml").read_text().replace("many.jsonl", "copies.jsonl").replace(
             file_digest(tmp / "many.jsonl"), file_digest(tmp / "copies.jsonl"))
     )  # fmt: skip
-    res = _evaluate(tmp, "2", "dup.yaml", target=target, code=2)
+    res = _evaluate(tmp, "2", "dup.yaml", target=target, code=2, here=False)  # as a user sees it: no traceback
     assert "copies.jsonl: 19 prompts repeat" in res.stderr and "Traceback" not in res.stderr
     # a run made by hand with the genuine tags and an unsigned record
     forged = _forge(tmp, "2", target, sign=False)
