@@ -55,7 +55,6 @@ NOT_GIVEN = ("", "none", "None", "auto")
 
 MAX_ROUNDS = 100  # served timing rounds: past this a measurement is hours, not a better figure
 MAX_CONCURRENCY = 64  # requests in flight a served measurement keeps
-MAX_DRAFT_STEPS = 64  # as a profile's draft_steps (drafter/cost.BOUNDS)
 
 
 def integer(value: str, name: str, low: int = 0, high: int | None = None) -> int:

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from drafter.compat import check_compat, drafter_facts, passed, target_facts
-from drafter.cost import break_even_accept_len, load_profile
+from drafter.cost import BOUNDS, break_even_accept_len, load_profile
 from drafter.errors import BadInput, InternalError
 from drafter.operating_report import depth_sentences, operating_metrics, served_vs_predicted
 from drafter.workload_report import (
@@ -23,7 +23,6 @@ from drafter.workload_report import (
 from registry import evidence
 from steps._cli import (
     MAX_CONCURRENCY,
-    MAX_DRAFT_STEPS,
     MAX_ROUNDS,
     integer,
     log_figure,
@@ -94,9 +93,9 @@ def build() -> argparse.ArgumentParser:
     return p
 
 
-def _num(value: str, name: str, kind=float):
+def _num(value: str, name: str) -> float:
     try:
-        return kind(float(value)) if kind is int else kind(value)
+        return float(value)
     except (TypeError, ValueError):
         raise BadInput(f"--{name} must be a number, got {value!r}") from None
 
@@ -123,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     k = profile.draft_steps
     if none_if_empty(args.draft_steps):
-        k = integer(args.draft_steps, "draft_steps", 1, MAX_DRAFT_STEPS)
+        k = integer(args.draft_steps, "draft_steps", 1, BOUNDS["draft_steps"])
     temperature = _num(args.temperature, "temperature") if none_if_empty(args.temperature) else profile.eval_temperature
     if not (0 <= temperature < float("inf")):
         raise BadInput(f"--temperature must be a finite number >= 0, got {args.temperature}")
@@ -153,8 +152,8 @@ def run(args: argparse.Namespace) -> int:
     reference = args.reference == "in-process" or engine == "in-process"
     if not records and engine != "in-process":
         raise BadInput(f"--engine {engine} measures on prompts: give --prompts")
+    served = engine_settings(args) if engine != "in-process" else None  # first: the reference takes minutes
     if engine != "in-process":
-        engine_settings(args)  # settings first: the in-process reference takes minutes
         check_engine_reachable(engine, endpoint, none_if_empty(args.engine_python))
     target = load_target(args.target, progress=args.progress) if reference or data_dir else None
     drafter = (
@@ -194,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
     run = None
     if engine != "in-process":
         run, agreement = serve_and_measure(
-            args, engine, endpoint, folder, records, k, max_new, temperature, seed, online
+            args, served, engine, endpoint, folder, records, k, max_new, temperature, seed, online
         )
         metrics.update(run.metrics())
         metrics.update(agreement)
@@ -383,13 +382,14 @@ def engine_settings(args) -> tuple[int, int, float, float, list[int] | None]:
     return concurrency, rounds, tolerance, agreement, handed
 
 
-def serve_and_measure(args, engine, endpoint, folder, records, k, max_new, temperature, seed, online):
-    """The drafter on a serving engine, checked against the project's own decoding when it ran."""
+def serve_and_measure(args, served, engine, endpoint, folder, records, k, max_new, temperature, seed, online):
+    """The drafter on a serving engine (`served`: engine_settings), checked against the project's own decoding
+    when it ran."""
     from drafter.evaluation import encode_prompts, stop_token, target_tokenizer
     from engines import harness
     from engines.vllm import Settings
 
-    concurrency, rounds, tolerance, agreement, handed = engine_settings(args)
+    concurrency, rounds, tolerance, agreement, handed = served
     tokenizer, context = target_tokenizer(args.target)
     prompts, _ = encode_prompts(tokenizer, records, context, max_new, k)
     settings = Settings(
