@@ -10,16 +10,25 @@ from typing import Any
 import yaml
 
 from drafter.cycle_model import OperatingPoint, fit_cycle, primary
+from drafter.errors import InternalError
 
 
 def operating_points(
     plain_tps: dict[int, float], cycle_ms: dict[int, dict[int, float]], shares: dict[int, float]
 ) -> tuple[OperatingPoint, ...]:
-    """One point per concurrency: plain tok/s, the fit of its timed cycles (cycle_ms[k][c])."""
+    """One point per concurrency: plain tok/s, the fit of its timed cycles (cycle_ms[k][c]). Timings so
+    uneven that the fit puts the verify pass at no cost or less (a host whose speed jumped mid-measurement)
+    are a failed measurement, not a profile."""
     out = []
     for c in sorted(plain_tps):
         points = {k: round(by_c[c], 4) for k, by_c in sorted(cycle_ms.items())}
         verify, step = fit_cycle(points)
+        if round(verify, 4) <= 0 or plain_tps[c] <= 0:
+            timed = ", ".join(f"k={k}: {ms:.1f} ms" for k, ms in points.items())
+            raise InternalError(
+                f"the timed cycles at concurrency {c} ({timed}) fit verify_ms {verify:.2f} <= 0: the host's speed "
+                "moved too much while they were timed; rerun calibrate with more --rounds on a quieter host"
+            )
         out.append(OperatingPoint(c, shares[c], round(plain_tps[c], 3), round(verify, 4), round(step, 4),
                                   tuple(sorted(points.items()))))  # fmt: skip
     return tuple(out)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from drafter.errors import BadInput, InternalError
 from engines import interleave, vllm
-from engines.server import on_loopback
+from engines.server import launched_together, on_loopback
 
 
 @dataclass
@@ -139,23 +139,23 @@ def measure_launched(
     env = vllm.server_env("cpu" in served.version)
     names = {k: "plain" if k == 0 else f"k{k}" for k in [0, *depths]}
     logs = [str(served.workdir / f"vllm-{name}.log") for name in names.values()]
+
+    def command(k: int) -> Callable[[int], list[str]]:
+        draft, settings = (served.drafter if k else None), replace(s, k=max(k, 1))
+        return lambda port: vllm.server_command(served.python, served.target, port, settings, draft)
+
     with ExitStack() as stack:
+        if progress:
+            progress(f"starting {len(names)} servers ({', '.join(names.values())})")
+        servers = launched_together(stack, [
+            on_loopback(f"vLLM ({served.version}, {name})", command(k), env, Path(log), s.start_timeout_s)
+            for (k, name), log in zip(names.items(), logs, strict=True)
+        ])  # fmt: skip
         urls = {}
-        for k, name in names.items():
+        for (k, name), server in zip(names.items(), servers, strict=True):
             if progress:
-                progress(f"starting the {name} server")
-            settings = replace(s, k=max(k, 1))
-            server = stack.enter_context(
-                on_loopback(
-                    f"vLLM ({served.version}, {name})",
-                    lambda port, draft=(served.drafter if k else None), st=settings: vllm.server_command(
-                        served.python, served.target, port, st, draft
-                    ),
-                    env,
-                    served.workdir / f"vllm-{name}.log",
-                    s.start_timeout_s,
-                )
-            )
+                progress(f"waiting for the {name} server")
+            server.wait_ready()
             urls[k] = server.url
         totals = in_rounds(urls, prompts, s, concurrencies, progress, rounds)
     return totals.pop(0), totals, logs

@@ -27,7 +27,7 @@ from pathlib import Path
 from drafter.errors import BadInput, InternalError
 from engines import interleave
 from engines.measurement import EngineRun, Launch
-from engines.server import on_loopback
+from engines.server import launched_together, on_loopback
 
 SITE = Path(__file__).resolve().parent / "vllm_site"
 SERVED_NAME = "target"
@@ -228,47 +228,44 @@ def measure(
     check: Callable[[EngineRun], None] | None = None,
 ) -> EngineRun:
     """Serve the target with the drafter and measure acceptance (per prompt, from the counters); `check`
-    sees that half first, so a fault stops the measurement before the plain server starts. Then, with
-    both servers up, time them side by side chunk by chunk (engines/interleave) at batch 1 and at
-    `concurrency`, so that a host whose speed drifts slows both alike and the speed-up is a
-    ratio measured under the same conditions."""
+    sees that half first, so a fault stops the measurement before any timing. The plain server starts
+    alongside (start-up is mostly imports, which overlap) and is stopped with it. Then, with both servers
+    up, time them side by side chunk by chunk (engines/interleave) at batch 1 and at `concurrency`, so
+    that a host whose speed drifts slows both alike and the speed-up is a ratio measured under the same
+    conditions."""
     from contextlib import ExitStack
 
     from tqdm.auto import tqdm
 
     engine_version, aux = launch.version, launch.aux
     env = server_env("cpu" in engine_version)
-    starts, logs, urls = {}, [], {}
+    logs = [str(launch.workdir / f"vllm-{name}.log") for name in ("spec", "baseline")]
+
+    def command(draft: Path | None) -> Callable[[int], list[str]]:
+        if draft is not None and launch.speculators:  # the folder names its verifier
+            return lambda port: server_command(launch.python, draft, port, s, None)
+        return lambda port: server_command(launch.python, launch.target, port, s, draft)
+
     with ExitStack() as stack:
-        for name, draft in (("spec", launch.drafter), ("baseline", None)):
-            log = launch.workdir / f"vllm-{name}.log"
-            logs.append(str(log))
-            server = stack.enter_context(
-                on_loopback(
-                    f"vLLM ({engine_version}, {name})",
-                    lambda port, draft=draft: (
-                        server_command(launch.python, draft, port, s, None)  # the folder names its verifier
-                        if draft is not None and launch.speculators
-                        else server_command(launch.python, launch.target, port, s, draft)
-                    ),
-                    env,
-                    log,
-                    s.start_timeout_s,
-                )
-            )
-            starts[name], urls[name] = server.start_seconds, server.url
-            complete(server.url, prompts[0], s, s.seed)  # warm-up, not counted: start-up costs stay out
-            if draft is None:
-                break
-            bar = tqdm(total=len(prompts), desc="vllm spec", unit="prompt", disable=not progress)
-            try:
-                seq = sequential(server.url, prompts, s, True, bar.update)
-            finally:
-                bar.close()
-            if sum(c for _, c in seq[1]) == 0:
-                raise InternalError(f"vLLM ({engine_version}) reported no speculative drafts; its log: {log}")
-            if check is not None:
-                check(_run(engine_version, s, seq, None, starts, aux, logs))
+        spec, base = launched_together(stack, [
+            on_loopback(f"vLLM ({engine_version}, {name})", command(draft), env, Path(log), s.start_timeout_s)
+            for name, draft, log in (("spec", launch.drafter, logs[0]), ("baseline", None, logs[1]))
+        ])  # fmt: skip
+        spec.wait_ready()
+        complete(spec.url, prompts[0], s, s.seed)  # warm-up, not counted: start-up costs stay out
+        bar = tqdm(total=len(prompts), desc="vllm spec", unit="prompt", disable=not progress)
+        try:
+            seq = sequential(spec.url, prompts, s, True, bar.update)
+        finally:
+            bar.close()
+        if sum(c for _, c in seq[1]) == 0:
+            raise InternalError(f"vLLM ({engine_version}) reported no speculative drafts; its log: {logs[0]}")
+        if check is not None:
+            check(_run(engine_version, s, seq, None, {"spec": spec.start_seconds}, aux, logs))
+        base.wait_ready()
+        complete(base.url, prompts[0], s, s.seed)
+        starts = {"spec": spec.start_seconds, "baseline": base.start_seconds}
+        urls = {"spec": spec.url, "baseline": base.url}
         bar = tqdm(total=len(prompts) * s.rounds, desc="vllm side by side", unit="prompt", disable=not progress)
         try:
             outputs_base, tps = side_by_side(urls, prompts, s, bar.update)

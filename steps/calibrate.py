@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from drafter.errors import BadInput
+from drafter.errors import BadInput, InternalError
 from steps._cli import (
     MAX_CONCURRENCY,
     MAX_ROUNDS,
@@ -294,7 +294,7 @@ def write_and_log(args, out, source, loads, shares, plain, spec, measured, promp
         profile = load_profile(str(tmp))
     except BadInput as exc:
         tmp.unlink()
-        raise BadInput(f"the measured profile does not load: {exc}") from None
+        raise InternalError(f"the profile calibrate measured does not load: {exc}") from None  # its own output
     tmp.replace(out)
     observed = {(k, c): (spec[k][c].accept_len, spec[k][c].tps) for k in depths for c in loads}
     calibration = {

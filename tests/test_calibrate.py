@@ -16,7 +16,7 @@ import yaml
 from drafter import calibration_report as report
 from drafter.cost import break_even_accept_len, load_profile
 from drafter.cycle_model import OperatingPoint, accept_len_at_depth, fit_cycle, recommend_depth
-from drafter.errors import BadInput
+from drafter.errors import BadInput, InternalError
 from drafter.operating_report import operating_metrics, served_vs_predicted
 from registry.policy import Evidence, decide
 
@@ -41,6 +41,15 @@ def write_calibrated(folder: Path, shares=None, **changes) -> Path:
         node[last] = value
     out.write_text(yaml.safe_dump(body, sort_keys=False))
     return out
+
+
+def test_timings_too_uneven_to_fit_are_a_failed_measurement_not_a_profile():
+    """Seen under load: k=1 timed in a quiet second, k=2 in a busy one; the line through them puts the
+    verify pass below zero. calibrate says so (exit 3) instead of writing a profile no loader accepts."""
+    jumpy = {1: {1: 10.0, 2: 12.0}, 2: {1: 11.0, 2: 40.0}}
+    with pytest.raises(InternalError, match=r"concurrency 2 \(k=1: 12.0 ms, k=2: 40.0 ms\) fit verify_ms -16.00"):
+        report.operating_points({1: 100.0, 2: 90.0}, jumpy, {1: 0.5, 2: 0.5})
+    assert report.operating_points({1: 100.0}, {1: {1: 10.0}, 2: {1: 11.0}}, {1: 1.0})[0].verify_ms == 9.0
 
 
 def test_fit_is_least_squares_and_a_single_depth_is_a_whole_cycle():
