@@ -158,6 +158,30 @@ def test_server_is_stopped_with_its_children_and_failures_name_the_log(tmp_path)
     assert not slow.alive
 
 
+def test_servers_launched_together_are_all_stopped_when_one_fails_to_start(tmp_path):
+    """evaluate and calibrate start their servers at once: one that dies while starting stops the others."""
+    import contextlib
+
+    from engines.server import launched_together
+
+    port = free_port()
+    up = (
+        "import http.server\n"
+        f"http.server.HTTPServer(('127.0.0.1', {port}), http.server.SimpleHTTPRequestHandler).serve_forever()\n"
+    )
+    live = ManagedServer("live", [sys.executable, "-c", up], {}, tmp_path / "l.log", f"http://127.0.0.1:{port}/")
+    dead = ManagedServer(
+        "dead", [sys.executable, "-c", "raise SystemExit(7)"], {}, tmp_path / "x.log", "http://127.0.0.1:9/"
+    )
+    with pytest.raises(InternalError, match=r"dead server exited with code 7"), contextlib.ExitStack() as stack:
+        launched_together(stack, [live, dead])
+        assert live.alive and dead.proc is not None  # both started before either is waited for
+        live.wait_ready()
+        assert live.start_seconds > 0
+        dead.wait_ready()
+    assert not live.alive and not dead.alive
+
+
 def test_missing_engine_environment_says_what_to_run(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTEROPS_ENGINES", str(tmp_path))
     monkeypatch.delenv("DRAFTEROPS_VLLM_PYTHON", raising=False)
