@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import pytest
@@ -182,7 +183,77 @@ def run_step(name: str, args: list[str], cwd: Path, wait: bool = True, here: boo
         return subprocess.Popen(
             cmd, cwd=cwd, env=step_env(cwd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
-    return subprocess.run(cmd, cwd=cwd, env=step_env(cwd), capture_output=True, text=True, timeout=900)
+    return run_module(f"steps.{name}", args, cwd, step_env(cwd))
+
+
+def run_module(module: str, args: list[str], cwd: Path, env: dict[str, str], timeout: float = 900):
+    """`python -m module args...` to its end, as its own process: forked from the step zygote (imports
+    paid once), or a new interpreter under DRAFTEROPS_TEST_FRESH_INTERPRETERS=1."""
+    import subprocess
+    import sys
+
+    if FRESH_INTERPRETERS:
+        cmd = [sys.executable, "-m", module, *args]
+        return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return ZYGOTE.run(module, args, cwd, env, timeout)
+
+
+# DRAFTEROPS_TEST_FRESH_INTERPRETERS=1: every step a new `python -m` (the zygote's results, checked against)
+FRESH_INTERPRETERS = os.environ.get("DRAFTEROPS_TEST_FRESH_INTERPRETERS") == "1"
+
+
+class StepZygote:
+    """The client of tests/step_zygote.py: a step as its own forked process, its imports paid once."""
+
+    def __init__(self) -> None:
+        self.proc = None
+
+    def start(self) -> None:
+        import subprocess
+        import sys
+
+        script = Path(__file__).with_name("step_zygote.py")
+        env = {**{k: v for k, v in os.environ.items() if k not in DIST_ENV}, "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script)], cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        ready = self.proc.stdout.readline()
+        assert ready.strip() == '{"ready": true}', f"the step zygote did not start: {ready!r}"
+
+    def run(self, module: str, args: list[str], cwd: Path, env: dict[str, str], timeout: float):
+        import json
+        import subprocess
+        import tempfile
+
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+        with tempfile.TemporaryDirectory() as folder:
+            out, err = Path(folder) / "stdout", Path(folder) / "stderr"
+            request = {"module": module, "args": [str(a) for a in args], "env": env, "cwd": str(cwd),
+                       "stdout": str(out), "stderr": str(err), "timeout": timeout}  # fmt: skip
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            answer = json.loads(self.proc.stdout.readline())
+            stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
+        cmd = ["python", "-m", module, *args]
+        if answer.get("timeout"):
+            raise subprocess.TimeoutExpired(cmd, timeout, stdout, stderr)
+        return subprocess.CompletedProcess(cmd, answer["code"], stdout, stderr)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+
+
+ZYGOTE = StepZygote()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _step_zygote():
+    yield
+    ZYGOTE.stop()
 
 
 def fresh_process_state() -> None:

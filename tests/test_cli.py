@@ -11,3 +11,36 @@ def test_a_storage_password_never_reaches_a_run():
 
 def test_auto_and_none_mean_not_given():
     assert [none_if_empty(v) for v in ("", "auto", "none", "x")] == [None, None, None, "x"]
+
+
+def test_a_step_forked_from_the_zygote_is_what_a_new_interpreter_gives(tmp_path):
+    """The tests' default way of running a step (tests/step_zygote.py) against `python -m`: the same exit
+    code, stdout and stderr for a refusal, a crash and a success; a step's own stray output (here a
+    traceback printed by the interpreter) reaches the captured stderr, not the zygote's."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ZYGOTE, step_env
+
+    cases = [
+        (["--tps", "82,nan"], {}),  # bad input: exit 2, one line
+        (["--tps", "82"], {"DRAFTEROPS_FAILPOINT": "plan:raise", "DRAFTEROPS_LOG_DIR": str(tmp_path / "logs")}),
+        (["--tps", "82,100"], {}),  # success: the table
+    ]
+    for args, extra in cases:
+        env = step_env(tmp_path, **extra)
+        fresh = subprocess.run([sys.executable, "-m", "steps.plan", *args], cwd=tmp_path, env=env,
+                               capture_output=True, text=True, timeout=300)  # fmt: skip
+        forked = ZYGOTE.run("steps.plan", args, tmp_path, env, timeout=300)
+        assert forked.returncode == fresh.returncode, (args, forked.stderr, fresh.stderr)
+        if "DRAFTEROPS_FAILPOINT" in extra:  # the log and run named differ; the shape does not
+            assert forked.returncode == 3 and len(forked.stderr.strip().splitlines()) == 1
+            assert "internal error" in forked.stderr and "Traceback" not in forked.stderr
+        else:
+            assert (forked.stdout, forked.stderr) == (fresh.stdout, fresh.stderr), args
+    (tmp_path / "boom").mkdir()
+    (tmp_path / "boom" / "__init__.py").write_text("")
+    (tmp_path / "boom" / "__main__.py").write_text("import sys\nprint('out')\nraise ValueError('uncaught')\n")
+    boom = ZYGOTE.run("boom", [], tmp_path, step_env(tmp_path), timeout=60)  # found in its working folder
+    assert boom.returncode == 1 and boom.stdout == "out\n"
+    assert boom.stderr.startswith("Traceback") and "ValueError: uncaught" in boom.stderr

@@ -13,7 +13,7 @@ import mlflow
 import pytest
 
 from registry import guard
-from tests.conftest import free_port, mlflow_server, step_env, tiny_drafter
+from tests.conftest import free_port, mlflow_server, run_module, step_env, tiny_drafter
 
 SECRET = "a-shared-secret-for-tests-0123456789"
 
@@ -66,8 +66,7 @@ def test_unsanctioned_alias_moves_are_reverted(tiny_targets, tmp_path, monkeypat
         env = step_env(tmp_path, MLFLOW_TRACKING_URI=url, DRAFTEROPS_WEBHOOK_SECRET=SECRET)
 
         def run_step(name, args, cwd):  # every step against the tracking server
-            cmd = [sys.executable, "-m", f"steps.{name}", *args]
-            return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+            return run_module(f"steps.{name}", args, cwd, env, timeout=600)
 
         installed = subprocess.run(
             [sys.executable, "-m", "steps.guard", "--install", "--port", str(port)],
@@ -95,9 +94,14 @@ def test_unsanctioned_alias_moves_are_reverted(tiny_targets, tmp_path, monkeypat
             c.set_registered_model_alias(name, "production", "1")
             assert wait_for(lambda: holder() is None), "unsanctioned production alias was not removed"
             revert_s = time.time() - t0
-            audit = c.get_experiment_by_name("drafterops-audit").experiment_id
-            reverts = c.search_runs([audit], filter_string="tags.decision = 'guard:revert:production'")
-            assert reverts and reverts[0].data.tags["attempted"] == "1"
+
+            def reverts():  # the alias is taken off first, then the revert is audited: wait for both
+                audit = c.get_experiment_by_name("drafterops-audit")
+                decision = "tags.decision = 'guard:revert:production'"
+                return c.search_runs([audit.experiment_id], filter_string=decision) if audit else []
+
+            assert wait_for(lambda: bool(reverts())), "the revert was not audited"
+            assert reverts()[0].data.tags["attempted"] == "1"
             # 2. promote's move stays
             from drafter.prompts import file_digest
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import mlflow
 
+from tests.conftest import run_module
 from tests.test_data import PROMPTS, write_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,8 +19,9 @@ def run(args, cwd, module=True):
         "MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db",
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
     }  # `python` = this venv's
-    cmd = [sys.executable, "-m", "steps.make_data", *args] if module else args
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
+    if module:
+        return run_module("steps.make_data", args, cwd, env)
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, env=env)
 
 
 def test_make_data_through_mlflow_run(tiny_targets, tmp_path):

@@ -1,7 +1,5 @@
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -9,7 +7,7 @@ import pytest
 from bench.sparse import k2_vocab_maps, write_sparse_safetensors
 from drafter.compat import check_compat, compare_drafters, drafter_facts, passed, target_facts, verdict
 from drafter.errors import BadInput
-from tests.conftest import REFERENCE, k2_drafter_tensors, project_runs
+from tests.conftest import REFERENCE, k2_drafter_tensors, project_runs, run_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -152,9 +150,7 @@ def gate(*args, cwd):
         "MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db",
         "DRAFTEROPS_CACHE": str(cwd / "cache"),
     }
-    return subprocess.run(
-        [sys.executable, "-m", "steps.shape_gate", *args], cwd=cwd, env=env, capture_output=True, text=True
-    )
+    return run_module("steps.shape_gate", args, cwd, env)
 
 
 def test_gate_step_on_registry_versions(tiny_targets, drafter_factory, tmp_path):
@@ -170,13 +166,7 @@ def test_gate_step_on_registry_versions(tiny_targets, drafter_factory, tmp_path)
         include_embedding=False,
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
-    imp = subprocess.run(
-        [sys.executable, "-m", "steps.import_drafter", "--source", str(tmp_path / "d"), "--target", str(wrapped)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    imp = run_module("steps.import_drafter", ["--source", str(tmp_path / "d"), "--target", str(wrapped)], tmp_path, env)
     assert imp.returncode == 0, imp.stderr[-2000:]
     good = gate(
         "--model",
