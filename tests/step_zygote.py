@@ -46,10 +46,12 @@ def _child(request: dict, control: int) -> None:
     try:
         os.close(control)  # a step's process holds no descriptor of the zygote's
         os.setsid()  # its own process group: a timeout stops it and everything it started
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+        opened = [(0, os.open(os.devnull, os.O_RDONLY))]
+        opened += [(fd, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+                   for fd, path in ((1, request["stdout"]), (2, request["stderr"]))]  # fmt: skip
+        for fd, source in opened:  # stdin, stdout, stderr and nothing else open, as in a new process
+            os.dup2(source, fd)
+            os.close(source)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
