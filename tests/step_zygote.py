@@ -5,7 +5,7 @@ stdout and stderr are the files the caller reads (at the descriptor level, so a 
 a traceback lands there as it would on a terminal); its exit code is the process's. It runs
 `steps.<name>` as `__main__`, as `python -m` does, and shuts down as the interpreter would (non-daemon
 threads joined, atexit handlers run, streams flushed). Only interpreter start-up and those imports are
-skipped, about 6 s a step here. Tests that signal, kill or time a step, and the main job, still start a
+skipped, about 6 s a step here. The processes tests signal or kill, and the main job, still start a
 fresh interpreter.
 
 Protocol: one JSON request a line on stdin, {"module", "args", "env", "cwd", "stdout", "stderr",

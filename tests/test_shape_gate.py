@@ -1,5 +1,4 @@
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -7,9 +6,7 @@ import pytest
 from bench.sparse import k2_vocab_maps, write_sparse_safetensors
 from drafter.compat import check_compat, compare_drafters, drafter_facts, passed, target_facts, verdict
 from drafter.errors import BadInput
-from tests.conftest import REFERENCE, k2_drafter_tensors, project_runs, run_module
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import REFERENCE, k2_drafter_tensors, project_runs, run_step
 
 
 def k25_target(tmp_path: Path, vocab: int = 163840, config: str = "kimi-k2.5.config.json", weights=True) -> Path:
@@ -144,13 +141,7 @@ def test_target_config_without_required_fields(tmp_path):
 
 
 def gate(*args, cwd):
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db",
-        "DRAFTEROPS_CACHE": str(cwd / "cache"),
-    }
-    return run_module("steps.shape_gate", args, cwd, env)
+    return run_step("shape_gate", list(args), cwd)
 
 
 def test_gate_step_on_registry_versions(tiny_targets, drafter_factory, tmp_path):
@@ -165,8 +156,7 @@ def test_gate_step_on_registry_versions(tiny_targets, drafter_factory, tmp_path)
         tmp_path / "d",
         include_embedding=False,
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
-    imp = run_module("steps.import_drafter", ["--source", str(tmp_path / "d"), "--target", str(wrapped)], tmp_path, env)
+    imp = run_step("import_drafter", ["--source", str(tmp_path / "d"), "--target", str(wrapped)], tmp_path)
     assert imp.returncode == 0, imp.stderr[-2000:]
     good = gate(
         "--model",
