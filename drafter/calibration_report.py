@@ -34,6 +34,22 @@ def operating_points(
     return tuple(out)
 
 
+def inversions(ops: tuple[OperatingPoint, ...], depths: list[int]) -> list[str]:
+    """Cycles timed no dearer than one plain step: a cycle verifies k + 1 tokens and drafts k, so this is
+    the host's noise outrunning the difference, and a break-even at or below 1 passes any drafter there."""
+    out = []
+    for op in ops:
+        plain_ms = 1000.0 / op.plain_tps
+        for k in depths:
+            if op.break_even(k) <= 1.0:
+                out.append(
+                    f"at concurrency {op.concurrency} a depth-{k} cycle timed {op.cycle_ms(k):.2f} ms, no dearer than "
+                    f"a plain step ({plain_ms:.2f} ms): break-even {op.break_even(k):.3f} is below this host's "
+                    "timing resolution; rerun calibrate with more --rounds or --limit"
+                )
+    return out
+
+
 def profile_text(
     name: str,
     description: str,

@@ -297,12 +297,14 @@ def write_and_log(args, out, source, loads, shares, plain, spec, measured, promp
         raise InternalError(f"the profile calibrate measured does not load: {exc}") from None  # its own output
     tmp.replace(out)
     observed = {(k, c): (spec[k][c].accept_len, spec[k][c].tps) for k in depths for c in loads}
+    warnings = report.inversions(ops, depths)
     calibration = {
         "plain": {str(c): plain[c].to_dict() for c in loads},
         "spec": {str(k): {str(c): spec[k][c].to_dict() for c in loads} for k in depths},
         "operating_points": [op.identity() | {"residuals_ms": op.residuals()} for op in ops],
         "calibration_drafter_acc_pos": acc_pos,
         "recommended": choice.sentence() if choice else None,
+        "timing_inversions": warnings,
         "measured": measured,
         "seconds": round(time.time() - t0, 1),
     }
@@ -330,9 +332,13 @@ def write_and_log(args, out, source, loads, shares, plain, spec, measured, promp
                 mlflow.log_artifact(log, "engine_logs")
         lines = table(ops, depths)
         mlflow.set_tag("mlflow.note.content", f"Wrote `{out}` ({profile.name}, digest {profile.digest[:12]}): "
-                       f"{calibration['recommended'] or ''}\n\n" + "\n".join(lines))  # fmt: skip
-        mlflow.set_tags({"profile": profile.name, "profile_digest": profile.digest[:16], "engine": measured["engine"]})
+                       f"{calibration['recommended'] or ''}\n\n" + "\n".join(lines)
+                       + "".join(f"\n\nWarning: {w}." for w in warnings))  # fmt: skip
+        mlflow.set_tags({"profile": profile.name, "profile_digest": profile.digest[:16], "engine": measured["engine"],
+                         "timing_inversions": str(len(warnings))})  # fmt: skip
     print("\n".join(lines))
+    for line in warnings:
+        print(f"calibrate: warning: {line}", file=sys.stderr)
     print(f"calibrate: wrote {out} ({time.time() - t0:.0f} s)" + (f"; {choice.sentence()}" if choice else ""))
     return 0
 

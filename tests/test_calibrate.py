@@ -52,6 +52,16 @@ def test_timings_too_uneven_to_fit_are_a_failed_measurement_not_a_profile():
     assert report.operating_points({1: 100.0}, {1: {1: 10.0}, 2: {1: 11.0}}, {1: 1.0})[0].verify_ms == 9.0
 
 
+def test_a_cycle_timed_no_dearer_than_a_plain_step_is_named_as_noise():
+    """The c2 point of a CI run: 26.53 ms at k=1 against a 27.69 ms plain step (break-even 0.958)."""
+    ops = report.operating_points({1: 40.0, 2: 36.119}, {1: {1: 30.0, 2: 26.533}, 2: {1: 34.0, 2: 30.6119}},
+                                  {1: 0.5, 2: 0.5})  # fmt: skip
+    said = report.inversions(ops, [1, 2])
+    assert len(said) == 1 and "at concurrency 2 a depth-1 cycle timed 26.53 ms" in said[0], said
+    assert "plain step (27.69 ms)" in said[0] and "break-even 0.958" in said[0]
+    assert report.inversions(ops[:1], [1, 2]) == []
+
+
 def test_fit_is_least_squares_and_a_single_depth_is_a_whole_cycle():
     assert fit_cycle({1: 10.0, 2: 11.0, 3: 12.0}) == pytest.approx((9.0, 1.0))
     assert fit_cycle({2: 30.0}) == (30.0, 0.0)

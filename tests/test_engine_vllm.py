@@ -120,8 +120,12 @@ def test_calibrate_times_real_cycles_and_the_gate_decides_at_each_operating_poin
     assert [op.concurrency for op in profile.operating_points] == [1, 2]
     for op in profile.operating_points:
         assert [k for k, _ in op.cycle_ms_measured] == [1, 2]
-        for k in (1, 2):  # a cycle verifies k + 1 tokens and drafts k: dearer than one plain step
-            assert op.cycle_ms(k) > 1000 / op.plain_tps and op.break_even(k) > 1.0
+        for k in (1, 2):  # a cycle verifies k + 1 tokens and drafts k: dearer than one plain step, or the
+            # host's noise outran the difference (4 prompts on 2 busy cores) and calibrate says so
+            plain_ms = 1000 / op.plain_tps
+            assert op.cycle_ms(k) > plain_ms / 2, (op, k)  # noise, not a cycle at half a step's cost
+            said = f"at concurrency {op.concurrency} a depth-{k} cycle timed {op.cycle_ms(k):.2f} ms, no dearer"
+            assert (op.break_even(k) > 1.0) == (said not in done.stderr), (op, k, done.stderr[-2000:])
     c = MlflowClient(env["MLFLOW_TRACKING_URI"])
     run = c.search_runs(
         [e.experiment_id for e in c.search_experiments()], "tags.profile = 'host-vllm-small'", max_results=1
