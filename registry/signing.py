@@ -26,6 +26,11 @@ KEY_ID = "key_id"
 _ANNOUNCED: set[str] = set()
 
 
+def forget_process_state() -> None:
+    """Forget which keys this process announced, as a new process would."""
+    _ANNOUNCED.clear()
+
+
 def home() -> Path:
     return Path(os.environ.get("DRAFTEROPS_HOME", Path.home() / ".drafterops"))
 

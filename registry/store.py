@@ -57,6 +57,13 @@ def sha256_file(path: Path) -> str:
     return _HASHED[key]
 
 
+def forget_process_state() -> None:
+    """Forget the stores made ready and the files hashed, as a new process would (an in-process step in
+    the tests starts from here)."""
+    _READY.clear()
+    _HASHED.clear()
+
+
 def file_hashes(folder: Path) -> dict[str, str]:
     """sha256 of every file worth recording (weights, config, card, licence)."""
     folder = Path(folder)

@@ -96,6 +96,12 @@ _STEP_RUNS: list[str] = []  # runs this process opened as steps: the exit code i
 _ASKED: dict[str, str] = {}  # the step's arguments as given: a param shows what was asked
 
 
+def forget_process_state() -> None:
+    """Forget the step runs this process opened and the arguments it was asked, as a new process would."""
+    _STEP_RUNS.clear()
+    _ASKED.clear()
+
+
 @contextlib.contextmanager
 def step_run(name: str, tags: dict[str, str] | None = None, run_name: str | None = None) -> Iterator[object]:
     """The MLflow run of this step: joins `mlflow run`'s run (MLFLOW_RUN_ID), nests under an active

@@ -167,7 +167,7 @@ def test_a_served_prediction_counts_only_the_tokens_a_client_received(tmp_path):
 
 # ------------------------------------------------------------------------------------------ CLI
 def calibrate(tmp_path, *args):
-    from tests.conftest import run_step
+    from tests.helpers.steps import run_step
 
     return run_step("calibrate", ["--no-progress", *args], tmp_path)
 

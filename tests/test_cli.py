@@ -14,13 +14,13 @@ def test_auto_and_none_mean_not_given():
 
 
 def test_a_step_forked_from_the_zygote_is_what_a_new_interpreter_gives(tmp_path):
-    """The tests' default way of running a step (tests/step_zygote.py) against `python -m`: the same exit
+    """The tests' default way of running a step (tests/helpers/step_zygote.py) against `python -m`: the same exit
     code, stdout and stderr for a refusal, a crash and a success; a step's own stray output (here a
     traceback printed by the interpreter) reaches the captured stderr, not the zygote's."""
     import subprocess
     import sys
 
-    from tests.conftest import ZYGOTE, step_env
+    from tests.helpers.steps import ZYGOTE, step_env
 
     cases = [
         (["--tps", "82,nan"], {}),  # bad input: exit 2, one line

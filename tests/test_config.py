@@ -4,7 +4,7 @@ import pytest
 
 from drafter.config import DrafterConfig, TargetConfig
 from drafter.errors import BadInput
-from tests.conftest import REFERENCE
+from tests.helpers.drafters import REFERENCE
 
 
 def test_reference_k2_drafter_config_parses_and_round_trips(tmp_path):

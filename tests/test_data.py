@@ -17,29 +17,9 @@ from drafter.data import (
 from drafter.errors import BadInput
 from drafter.prompts import read_prompts, tokenize_record
 from drafter.target import load_target
+from tests.helpers.prompts import PROMPTS
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPTS = [
-    {
-        "messages": [
-            {"role": "user", "content": "add two numbers"},
-            {"role": "assistant", "content": "def add(a, b):\n    return a + b"},
-        ]
-    },
-    {"text": "The quick brown fox jumps over the lazy dog."},
-    {
-        "messages": [
-            {"role": "system", "content": "be brief"},
-            {"role": "user", "content": "import os?"},
-            {"role": "assistant", "content": "import os\nprint(os.path.join('a', 'b'))"},
-        ]
-    },
-] * 4
-
-
-def write_prompts(path: Path, records=PROMPTS) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
 
 
 def meta_for(target, layers):

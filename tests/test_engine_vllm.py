@@ -16,6 +16,7 @@ import pytest
 from engines import environment
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.full
 
 
 @pytest.fixture(scope="session")

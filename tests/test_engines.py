@@ -19,7 +19,7 @@ from engines import environment, sglang, vllm
 from engines.measurement import EngineRun
 from engines.server import ManagedServer, free_port
 from engines.target_view import engine_view, needs_view
-from tests.conftest import tiny_drafter
+from tests.helpers.drafters import tiny_drafter
 
 MINI = Path(__file__).resolve().parents[1] / "miniworld"
 

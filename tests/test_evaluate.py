@@ -5,8 +5,9 @@ import mlflow
 import pytest
 
 from drafter.evaluation import OnlineResult
-from tests.conftest import project_runs, run_step
-from tests.test_data import PROMPTS, write_prompts
+from tests.helpers.prompts import PROMPTS, write_prompts
+from tests.helpers.steps import run_step
+from tests.helpers.stores import project_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,7 +33,7 @@ def test_online_result_statistics():
 
 @pytest.fixture(scope="module")
 def registered(tiny_targets, tmp_path_factory):
-    from tests.conftest import save_tiny_drafter
+    from tests.helpers.drafters import save_tiny_drafter
 
     tmp = tmp_path_factory.mktemp("eval")
     flat, wrapped = tiny_targets

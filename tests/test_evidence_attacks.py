@@ -19,8 +19,9 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from tests.conftest import project_runs, run_step
-from tests.test_promote import MANY, register_gated, write_profiles
+from tests.helpers.promotion import MANY, register_gated, write_profiles
+from tests.helpers.steps import run_step
+from tests.helpers.stores import project_runs
 
 NAME = "k25-tiny-eagle3"
 
@@ -188,13 +189,13 @@ def test_deleting_or_failing_the_unfavourable_record_withdraws_nothing(store):
 
 
 @pytest.fixture(scope="module")
-def candidate_store(main_job, tmp_path_factory):
-    """A copy of the main job's store (its fine-tuned candidate, trained on k2.5-train), with profiles
+def candidate_store(small_main_job, tmp_path_factory):
+    """A copy of the fast tier's main job's store (its fine-tuned candidate, trained on k2.5-train), with profiles
     whose break-even (0.3) it beats: one pinned to the workload, one pinned to its own training prompts."""
     from drafter.cost import load_profile
     from drafter.prompts import file_digest
 
-    src = main_job[0]
+    src = small_main_job[0]
     tmp = tmp_path_factory.mktemp("cherry")
     shutil.copy(src / "mlflow.db", tmp / "mlflow.db")  # artifact locations in it are absolute: shared, read-only here
     kimi = load_profile("kimi-k2.5-8xrtxpro6000")

@@ -12,18 +12,13 @@ import mlflow
 import pytest
 
 from drafter.checkpoint import save_drafter
-from tests.conftest import all_runs, project_runs, run_step, step_env, tiny_drafter
-from tests.test_data import PROMPTS, write_prompts
+from tests.helpers.checks import one_line_exit_2
+from tests.helpers.drafters import tiny_drafter
+from tests.helpers.prompts import PROMPTS, write_prompts
+from tests.helpers.steps import run_step, step_env
+from tests.helpers.stores import all_runs, project_runs
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def one_line_exit_2(res, *needles: str) -> None:
-    err = res.stderr.strip()
-    assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    for needle in needles:
-        assert needle in err, err
 
 
 def registered_models(folder: Path) -> list[str]:
@@ -125,7 +120,7 @@ def test_unknown_stage_and_bad_arguments_are_one_line(tmp_path):
 )
 def test_an_unreachable_engine_is_bad_input_before_any_decoding(tmp_path, extra, needle):
     """Refused at once (no reference decode first), one line, and no run written."""
-    from tests.conftest import free_port
+    from tests.helpers.servers import free_port
 
     extra = [x.format(port=free_port()) for x in extra]
     args = ["--model", str(ROOT / "miniworld" / "aq-mini-eagle3"), "--engine", "vllm", "--class", "code", *extra]

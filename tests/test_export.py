@@ -14,8 +14,9 @@ from safetensors.torch import load_file, save_file
 from drafter.checkpoint import load_config, save_drafter
 from drafter.errors import BadInput
 from drafter.speculators_format import from_speculators, is_speculators, to_speculators
-from tests.conftest import run_step, tiny_drafter
-from tests.test_promote import evaluate, register_gated, write_profiles
+from tests.helpers.drafters import tiny_drafter
+from tests.helpers.promotion import evaluate, register_gated, write_profiles
+from tests.helpers.steps import run_step
 
 ROOT = Path(__file__).resolve().parents[1]
 MINI = ROOT / "miniworld" / "aq-mini-eagle3"

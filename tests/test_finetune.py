@@ -8,8 +8,10 @@ import optuna
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import all_runs, free_port, project_runs, run_step, step_env
-from tests.test_data import PROMPTS
+from tests.helpers.prompts import PROMPTS
+from tests.helpers.servers import free_port
+from tests.helpers.steps import run_step, step_env
+from tests.helpers.stores import all_runs, project_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,7 +22,7 @@ def world(tiny_targets, tmp_path_factory):
     from drafter.capture import capture, plan_capture
     from drafter.checkpoint import save_drafter
     from drafter.target import load_target
-    from tests.conftest import tiny_drafter
+    from tests.helpers.drafters import tiny_drafter
 
     tmp = tmp_path_factory.mktemp("ft")
     _, wrapped = tiny_targets
@@ -151,11 +153,12 @@ def test_finetune_bad_inputs_register_nothing(world, tmp_path):
     assert after == before
 
 
+@pytest.mark.full
 def test_two_workers_share_one_study_on_postgresql(world, tmp_path):
     """Two `finetune` workers started with the same command on one PostgreSQL study (the documented
     `postgresql://` URL): one creates the study (baseline first), the other joins with a sampler
     seeded apart; no trial runs twice, no two trials share settings, the budget is the study's."""
-    from tests.postgres import postgres_server
+    from tests.helpers.servers import postgres_server
 
     tmp, wrapped = world
     gate_and_write_space(tmp, wrapped, tmp_path)
@@ -210,6 +213,7 @@ def test_two_workers_share_one_study_on_postgresql(world, tmp_path):
         assert len({r.data.params["sampler_seed"] for r in runs}) == 2
 
 
+@pytest.mark.full
 def test_two_ranks_under_a_launcher_run_the_same_trials(world, tmp_path):
     """torchrun with 2 CPU ranks (gloo): every rank trains the same trial (TorchDistributedTrial), rank 0
     alone talks to Optuna and MLflow, so each trial is one study trial and one MLflow run."""

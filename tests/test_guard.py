@@ -2,8 +2,6 @@
 alias set by a plain MlflowClient call, keeps one set by `promote`, and refuses a forged delivery."""
 
 import json
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -13,9 +11,9 @@ import mlflow
 import pytest
 
 from registry import guard
-from tests.conftest import free_port, mlflow_server, run_module, step_env, tiny_drafter
-
-SECRET = "a-shared-secret-for-tests-0123456789"
+from tests.helpers.drafters import tiny_drafter
+from tests.helpers.guard import SECRET, guarded_server, wait_for
+from tests.helpers.steps import run_module
 
 
 def test_signature_rules():
@@ -35,16 +33,8 @@ def test_signature_rules():
     assert guard.signature_ok(SECRET, {k.lower(): v for k, v in headers.items()}, body)  # header names, any case
 
 
-def wait_for(predicate, seconds=30.0):
-    end = time.time() + seconds
-    while time.time() < end:
-        if predicate():
-            return True
-        time.sleep(0.25)
-    return False
-
-
-def test_unsanctioned_alias_moves_are_reverted(tiny_targets, tmp_path, monkeypatch):
+@pytest.mark.full
+def test_unsanctioned_alias_moves_are_reverted(tiny_targets, tmp_path):
     from drafter.checkpoint import save_drafter
 
     _, wrapped = tiny_targets
@@ -55,129 +45,95 @@ def test_unsanctioned_alias_moves_are_reverted(tiny_targets, tmp_path, monkeypat
             tmp_path / f"d{seed}",
             include_embedding=False,
         )
-    # the server delivers webhooks to loopback over http only when told to (README: guard)
-    monkeypatch.setenv("MLFLOW_WEBHOOK_ALLOWED_SCHEMES", "http,https")
-    monkeypatch.setenv("MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS", "true")
-    monkeypatch.setenv("MLFLOW_WEBHOOK_CACHE_TTL", "1")
-    port = free_port()
-    with mlflow_server(
-        tmp_path, f"sqlite:///{tmp_path}/server.db", "--default-artifact-root", str(tmp_path / "art")
-    ) as url:
-        env = step_env(tmp_path, MLFLOW_TRACKING_URI=url, DRAFTEROPS_WEBHOOK_SECRET=SECRET)
+    with guarded_server(tmp_path) as guarded:
+        url, port, env = guarded.url, guarded.port, guarded.env
 
         def run_step(name, args, cwd):  # every step against the tracking server
             return run_module(f"steps.{name}", args, cwd, env, timeout=600)
 
-        installed = subprocess.run(
-            [sys.executable, "-m", "steps.guard", "--install", "--port", str(port)],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert installed.returncode == 0, installed.stderr
-        service = subprocess.Popen(
-            [sys.executable, "-m", "steps.guard", "--port", str(port)],
-            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        try:
-            for seed in (1, 2):
-                res = run_step(
-                    "import_drafter", ["--source", str(tmp_path / f"d{seed}"), "--target", str(wrapped)], tmp_path
-                )
-                assert res.returncode == 0, res.stderr[-2000:]
-            c = mlflow.MlflowClient(url)
-            name = "k25-tiny-eagle3"
-
-            def holder():
-                return c.get_registered_model(name).aliases.get("production")
-
-            # 1. the UI's pencil (any API client): reverted, and audited
-            t0 = time.time()
-            c.set_registered_model_alias(name, "production", "1")
-            assert wait_for(lambda: holder() is None), "unsanctioned production alias was not removed"
-            revert_s = time.time() - t0
-
-            def reverts():  # the alias is taken off first, then the revert is audited: wait for both
-                audit = c.get_experiment_by_name("drafterops-audit")
-                decision = "tags.decision = 'guard:revert:production'"
-                return c.search_runs([audit.experiment_id], filter_string=decision) if audit else []
-
-            assert wait_for(lambda: bool(reverts())), "the revert was not audited"
-            assert reverts()[0].data.tags["attempted"] == "1"
-            # 2. promote's move stays
-            from drafter.prompts import file_digest
-
-            (tmp_path / "p.jsonl").write_text('{"text": "The quick brown fox"}\n')
-            (tmp_path / "lenient.yaml").write_text(
-                "name: lenient\nbaseline_tps: 10\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\nmin_prompts: 1\n"
-                f"eval_prompts: p.jsonl\neval_prompts_sha256: {file_digest(tmp_path / 'p.jsonl')}\n"
-                "eval_max_new_tokens: 6\n"
+        for seed in (1, 2):
+            res = run_step(
+                "import_drafter", ["--source", str(tmp_path / f"d{seed}"), "--target", str(wrapped)], tmp_path
             )
-            uri = f"models:/{name}/2"
-            assert run_step("shape_gate", ["--model", uri, "--target", str(wrapped)], tmp_path).returncode == 0
-            ev = ["--model", uri, "--target", str(wrapped)]
-            ev += ["--profile", str(tmp_path / "lenient.yaml"), "--no-progress"]
-            assert run_step("evaluate", ev, tmp_path).returncode == 0
-            pr = run_step("promote", ["--model", uri, "--profile", str(tmp_path / "lenient.yaml")], tmp_path)
-            assert pr.returncode == 0, pr.stdout + pr.stderr
-            time.sleep(3)  # give the webhook time to arrive and be judged
-            assert holder() == "2"
-            # 3. moving it away by hand brings it back to where promote put it
-            c.set_registered_model_alias(name, "production", "1")
-            assert wait_for(lambda: holder() == "2"), "production was not restored to the promoted version"
-            # 4. a forged delivery is refused, a malformed one too, and the service lives on
-            forged = urllib.request.Request(
-                f"http://127.0.0.1:{port}/",
-                data=json.dumps({"entity": "model_version_alias", "action": "deleted", "data": {}}).encode(),
-                headers={guard.SIGNATURE_HEADER: "v1,AAAA", guard.TIMESTAMP_HEADER: str(int(time.time())),
-                         guard.DELIVERY_HEADER: "x", "Content-Type": "application/json"},
-            )  # fmt: skip
-            with pytest.raises(urllib.error.HTTPError) as refused:
-                urllib.request.urlopen(forged, timeout=10)
-            assert refused.value.code == 401
-            assert service.poll() is None
-            # 5. a genuine delivery whose header names a proxy lower-cased (HTTP/2 does) is accepted
-            body = json.dumps({"entity": "model_version_alias", "action": "created",
-                               "data": {"name": name, "alias": "production", "version": "2"}}).encode()  # fmt: skip
-            lower = {k.lower(): v for k, v in signed_headers(body, "lower-1").items()}
-            with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/", data=body,
-                                                               headers=lower), timeout=10) as answer:  # fmt: skip
-                assert answer.status == 200
-            # 6. a client promising more body than it sends is cut off; the guard serves others meanwhile
-            import socket
+            assert res.returncode == 0, res.stderr[-2000:]
+        c = mlflow.MlflowClient(url)
+        name = "k25-tiny-eagle3"
 
-            slow = socket.create_connection(("127.0.0.1", port), timeout=30)
-            slow.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n0123456789")
-            t_slow = time.time()
-            with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/", data=body,
-                                                               headers=lower), timeout=10) as answer:  # fmt: skip
-                assert answer.status == 200
-            assert slow.recv(100) == b"" and time.time() - t_slow < 20  # closed by the guard, not by us
-            slow.close()
-            # 7. revert latency over 20 moves by hand
-            latencies = []
-            for _ in range(20):
-                t0 = time.time()
-                c.set_registered_model_alias(name, "production", "1")
-                assert wait_for(lambda: holder() == "2"), "a move by hand was not reverted"
-                latencies.append(time.time() - t0)
-            latencies.sort()
-            median, worst = latencies[10], latencies[-1]
-            print(f"guard revert: first {revert_s:.2f} s; 20 moves median {median:.2f} s, worst {worst:.2f} s")
-            # 8. guard down, production moved, guard back: restored within 20 s of its start
-            service.terminate()
-            service.wait(timeout=30)
+        def holder():
+            return c.get_registered_model(name).aliases.get("production")
+
+        # 1. the UI's pencil (any API client): reverted, and audited
+        c.set_registered_model_alias(name, "production", "1")
+        assert wait_for(lambda: holder() is None), "unsanctioned production alias was not removed"
+
+        def reverts():  # the alias is taken off first, then the revert is audited: wait for both
+            audit = c.get_experiment_by_name("drafterops-audit")
+            decision = "tags.decision = 'guard:revert:production'"
+            return c.search_runs([audit.experiment_id], filter_string=decision) if audit else []
+
+        assert wait_for(lambda: bool(reverts())), "the revert was not audited"
+        assert reverts()[0].data.tags["attempted"] == "1"
+        # 2. promote's move stays
+        from drafter.prompts import file_digest
+
+        (tmp_path / "p.jsonl").write_text('{"text": "The quick brown fox"}\n')
+        (tmp_path / "lenient.yaml").write_text(
+            "name: lenient\nbaseline_tps: 10\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\nmin_prompts: 1\n"
+            f"eval_prompts: p.jsonl\neval_prompts_sha256: {file_digest(tmp_path / 'p.jsonl')}\n"
+            "eval_max_new_tokens: 6\n"
+        )
+        uri = f"models:/{name}/2"
+        assert run_step("shape_gate", ["--model", uri, "--target", str(wrapped)], tmp_path).returncode == 0
+        ev = ["--model", uri, "--target", str(wrapped)]
+        ev += ["--profile", str(tmp_path / "lenient.yaml"), "--no-progress"]
+        assert run_step("evaluate", ev, tmp_path).returncode == 0
+        pr = run_step("promote", ["--model", uri, "--profile", str(tmp_path / "lenient.yaml")], tmp_path)
+        assert pr.returncode == 0, pr.stdout + pr.stderr
+        time.sleep(3)  # give the webhook time to arrive and be judged
+        assert holder() == "2"
+        # 3. moving it away by hand brings it back to where promote put it
+        c.set_registered_model_alias(name, "production", "1")
+        assert wait_for(lambda: holder() == "2"), "production was not restored to the promoted version"
+        # 4. a forged delivery is refused, a malformed one too, and the service lives on
+        forged = urllib.request.Request(
+            f"http://127.0.0.1:{port}/",
+            data=json.dumps({"entity": "model_version_alias", "action": "deleted", "data": {}}).encode(),
+            headers={guard.SIGNATURE_HEADER: "v1,AAAA", guard.TIMESTAMP_HEADER: str(int(time.time())),
+                     guard.DELIVERY_HEADER: "x", "Content-Type": "application/json"},
+        )  # fmt: skip
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(forged, timeout=10)
+        assert refused.value.code == 401
+        assert guarded.service.poll() is None
+        # 5. a genuine delivery whose header names a proxy lower-cased (HTTP/2 does) is accepted
+        body = json.dumps({"entity": "model_version_alias", "action": "created",
+                           "data": {"name": name, "alias": "production", "version": "2"}}).encode()  # fmt: skip
+        lower = {k.lower(): v for k, v in signed_headers(body, "lower-1").items()}
+        with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/", data=body,
+                                                           headers=lower), timeout=10) as answer:  # fmt: skip
+            assert answer.status == 200
+        # 6. a client promising more body than it sends is cut off; the guard serves others meanwhile
+        import socket
+
+        slow = socket.create_connection(("127.0.0.1", port), timeout=30)
+        slow.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n0123456789")
+        t_slow = time.time()
+        with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/", data=body,
+                                                           headers=lower), timeout=10) as answer:  # fmt: skip
+            assert answer.status == 200
+        assert slow.recv(100) == b"" and time.time() - t_slow < 20  # closed by the guard, not by us
+        slow.close()
+        # 7. every move by hand is reverted, again and again (its latency: bench/guard_latency.py)
+        for _ in range(3):
             c.set_registered_model_alias(name, "production", "1")
-            time.sleep(8)  # MLflow's delivery retries (~7 s) are over: nobody is told any more
-            assert holder() == "1"
-            t_start = time.time()
-            service = subprocess.Popen(
-                [sys.executable, "-m", "steps.guard", "--port", str(port)],
-                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            )  # fmt: skip
-            assert wait_for(lambda: holder() == "2", 20.0), "a move made while the guard was down stayed"
-            print(f"guard restart: restored {time.time() - t_start:.1f} s after start")
-        finally:
-            service.terminate()
-            service.wait(timeout=30)
+            assert wait_for(lambda: holder() == "2"), "a move by hand was not reverted"
+        # 8. guard down, production moved, guard back: restored within 20 s of its start
+        guarded.stop_service()
+        c.set_registered_model_alias(name, "production", "1")
+        time.sleep(8)  # MLflow's delivery retries (~7 s) are over: nobody is told any more
+        assert holder() == "1"
+        guarded.start_service()
+        assert wait_for(lambda: holder() == "2", 20.0), "a move made while the guard was down stayed"
 
 
 def signed_headers(body: bytes, delivery: str) -> dict[str, str]:
@@ -201,7 +157,7 @@ def promoted(tiny_targets, tmp_path):
     honest evaluation on a pinned prompt; v3 imported, never evaluated."""
     from drafter.checkpoint import save_drafter
     from drafter.prompts import file_digest
-    from tests.conftest import run_step
+    from tests.helpers.steps import run_step
 
     _, wrapped = tiny_targets
     vocab = json.loads((wrapped / "config.json").read_text())["text_config"]["vocab_size"]
@@ -236,7 +192,7 @@ def test_reconcile_restores_every_kind_of_move_on_a_store_without_a_guard(promot
     moves are the positive control."""
     from registry.reconcile import disagreements, reconcile
     from registry.sanction import holder
-    from tests.conftest import run_step
+    from tests.helpers.steps import run_step
 
     tmp, wrapped = promoted
     c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")

@@ -11,7 +11,9 @@ from drafter.checkpoint import load_drafter, save_drafter
 from drafter.errors import BadInput
 from registry import naming, store
 from steps import import_drafter
-from tests.conftest import mlflow_server, step_env, tiny_drafter
+from tests.helpers.drafters import tiny_drafter
+from tests.helpers.servers import mlflow_server
+from tests.helpers.steps import step_env
 
 ROOT = Path(__file__).resolve().parents[1]
 CARD = "---\nlicense: mit\nbase_model: k2-tiny\n---\n# tiny\n\nTraining samples: 1.4M conversations\n"
@@ -167,6 +169,7 @@ def test_hub_path_through_a_local_hub_cache(tracking, public_drafter, tmp_path, 
     assert mv.tags[naming.TAG_SOURCE] == f"hf://AQ-MedAI/Kimi-K2-Instruct-eagle3@{commit}"
 
 
+@pytest.mark.full
 def test_import_through_a_live_mlflow_server(public_drafter, tmp_path):
     backend = f"sqlite:///{tmp_path}/server.db"
     with mlflow_server(tmp_path, backend, "--artifacts-destination", str(tmp_path / "art")) as uri:

@@ -1,12 +1,37 @@
-"""The main job end to end: `mlflow run . --env-manager local` on the mini world, in a temporary folder."""
+"""The main job end to end on the mini world, in a temporary folder: at the smallest settings that still
+train, evaluate and decide (fast tier, `python -m steps.main`), and as a user starts it (full tier,
+`mlflow run . --env-manager local`)."""
 
 import subprocess
 
 import mlflow
+import pytest
 
-from tests.conftest import project_runs
+from tests.helpers.stores import project_runs
 
 
+def test_main_at_its_smallest_settings_trains_evaluates_and_promotes(small_main_job):
+    """One trial of 8 steps, evidence on 8 pinned prompts at break-even 0.3: every step runs, three
+    drafters are registered and evaluated on the pinned set, and the candidate, above break-even on
+    that evidence, is promoted to production (exit 0: the rule said yes)."""
+    tmp, res = small_main_job
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    name = "k2.5-mini-eagle3"
+    assert len(c.search_model_versions(f"name='{name}'")) == 3
+    candidate = c.get_model_version_by_alias(name, "candidate")
+    production = c.get_model_version_by_alias(name, "production")
+    assert production.version == candidate.version
+    tags = c.get_model_version(name, candidate.version).tags
+    assert tags["promotion"].startswith("promoted"), tags["promotion"]
+    assert float(tags["eval.small.accept_len_ci_low"]) > float(tags["eval.small.break_even"]) == pytest.approx(0.3)
+    steps = [r.data.tags["drafterops.step"] for r in project_runs(c) if "drafterops.step" in r.data.tags]
+    for step, count in {"import_drafter": 1, "shape_gate": 3, "make_data": 2, "finetune": 2, "evaluate": 3}.items():
+        assert steps.count(step) == count, (step, steps)
+    assert not [r.info.run_name for r in project_runs(c) if r.info.status == "RUNNING"]
+
+
+@pytest.mark.full
 def test_main_pipeline_registers_three_drafters_and_gates_production(main_job):
     tmp_path, cmd, env, first = main_job
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]

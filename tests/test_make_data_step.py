@@ -6,8 +6,8 @@ from pathlib import Path
 
 import mlflow
 
-from tests.conftest import run_module
-from tests.test_data import PROMPTS, write_prompts
+from tests.helpers.prompts import PROMPTS, write_prompts
+from tests.helpers.steps import run_module
 
 ROOT = Path(__file__).resolve().parents[1]
 

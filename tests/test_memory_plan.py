@@ -8,8 +8,9 @@ import pytest
 from drafter.config import DrafterConfig
 from drafter.memory_plan import GIB, model_state_bytes, parameter_counts, plan
 from drafter.model import Eagle3Drafter
-from tests.conftest import run_step, tiny_config
-from tests.test_exit_codes import one_line_exit_2
+from tests.helpers.checks import one_line_exit_2
+from tests.helpers.drafters import tiny_config
+from tests.helpers.steps import run_step
 
 ROOT = Path(__file__).resolve().parents[1]
 K2 = ROOT / "configs" / "reference" / "kimi-k2-eagle3.config.json"

@@ -8,7 +8,7 @@ from drafter.loss import (
     ttt_loss,
 )
 from drafter.model import DraftCache
-from tests.conftest import tiny_drafter
+from tests.helpers.drafters import tiny_drafter
 
 
 def _batch(model, b=4, t=24, seed=0):

@@ -6,7 +6,7 @@ import torch
 from drafter.data import Sample, collate
 from drafter.loss import loss_positions, pred_mask_from_loss_mask, target_draft_logits, ttt_loss
 from drafter.packing import collate_packed, first_fit_decreasing
-from tests.conftest import tiny_drafter
+from tests.helpers.drafters import tiny_drafter
 
 
 def _samples(model, lengths: list[int], prompts: list[int], seed: int = 0) -> list[Sample]:

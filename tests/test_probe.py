@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from drafter.probe import StreamingCKA
-from tests.conftest import project_runs, run_step, save_tiny_drafter
-from tests.test_data import PROMPTS, write_prompts
+from tests.helpers.drafters import save_tiny_drafter
+from tests.helpers.prompts import PROMPTS, write_prompts
+from tests.helpers.steps import run_step
+from tests.helpers.stores import project_runs
 
 
 def test_streaming_cka_is_linear_cka_in_one_pass():

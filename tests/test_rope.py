@@ -12,7 +12,7 @@ import torch
 
 from drafter.checkpoint import load_drafter, save_drafter
 from drafter.errors import BadInput
-from tests.conftest import tiny_drafter
+from tests.helpers.drafters import tiny_drafter
 
 HEAD_DIM, MAX_POS = 8, 256
 

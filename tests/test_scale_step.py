@@ -5,7 +5,8 @@ for break-even (or why not)."""
 import mlflow
 
 from steps.import_drafter import MINIWORLD
-from tests.conftest import project_runs, run_step
+from tests.helpers.steps import run_step
+from tests.helpers.stores import project_runs
 
 
 def test_scale_runs_a_reduced_mini_world_ladder_end_to_end(tmp_path):

@@ -6,7 +6,9 @@ import pytest
 from bench.sparse import k2_vocab_maps, write_sparse_safetensors
 from drafter.compat import check_compat, compare_drafters, drafter_facts, passed, target_facts, verdict
 from drafter.errors import BadInput
-from tests.conftest import REFERENCE, k2_drafter_tensors, project_runs, run_step
+from tests.helpers.drafters import REFERENCE, k2_drafter_tensors
+from tests.helpers.steps import run_step
+from tests.helpers.stores import project_runs
 
 
 def k25_target(tmp_path: Path, vocab: int = 163840, config: str = "kimi-k2.5.config.json", weights=True) -> Path:

@@ -6,7 +6,7 @@ import torch
 from drafter.model import DraftCache
 from drafter.speculate import _accept, speculative_generate, target_generate
 from drafter.target import load_target
-from tests.conftest import tiny_drafter
+from tests.helpers.drafters import tiny_drafter
 
 
 class ScriptedDrafter:

@@ -6,8 +6,8 @@ from drafter.data import HiddenStateDataset
 from drafter.errors import BadInput
 from drafter.target import load_target
 from drafter.train import TrainConfig, TrainingDiverged, TrainingStopped, scratch_drafter, train
-from tests.conftest import tiny_config
-from tests.test_data import PROMPTS
+from tests.helpers.drafters import tiny_config
+from tests.helpers.prompts import PROMPTS
 
 
 @pytest.fixture(scope="module")
@@ -116,11 +116,19 @@ def _ranks(dataset, tmp_path, world: int, ds_config: str, bf16: bool = False, st
     import subprocess
     import sys
 
-    from tests.conftest import free_port, step_env
+    from tests.helpers.servers import free_port
+    from tests.helpers.steps import step_env
 
     out = tmp_path / f"w{world}-{ds_config}{'-bf16' if bf16 else ''}.safetensors"
     launcher = ["-m", "torch.distributed.run", "--nproc_per_node", str(world), "--master_port", str(free_port())]
-    cmd = [sys.executable, *(launcher if world > 1 else []), "-m", "tests.rank_train", "--data", str(dataset.folder)]
+    cmd = [
+        sys.executable,
+        *(launcher if world > 1 else []),
+        "-m",
+        "tests.helpers.rank_train",
+        "--data",
+        str(dataset.folder),
+    ]
     cmd += ["--out", str(out), "--ds_config", ds_config, "--steps", str(steps), *(["--bf16"] if bf16 else [])]
     env = step_env(tmp_path, OMP_NUM_THREADS="1")
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # this process's own group
@@ -131,6 +139,7 @@ def _ranks(dataset, tmp_path, world: int, ds_config: str, bf16: bool = False, st
     return out, [float(x) for x in losses.split()], int(tokens)
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("ds_config", ["zero0", "zero2"])
 def test_two_ranks_split_each_global_batch_and_match_one_rank(dataset, tmp_path, ds_config):
     """Data parallelism: 2 ranks each take half of every global batch (disjoint), the loss is a mean

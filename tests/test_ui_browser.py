@@ -14,15 +14,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import mlflow_server, project_runs, run_step
-from tests.test_data import PROMPTS, write_prompts
+from tests.helpers.prompts import PROMPTS, write_prompts
+from tests.helpers.servers import mlflow_server
+from tests.helpers.steps import run_step
+from tests.helpers.stores import project_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(
-    not (CHROMIUM and DRIVER), reason="Debian's chromium and chromium-driver are not installed (.ci/run installs them)"
-)
+pytestmark = [
+    pytest.mark.full,
+    pytest.mark.skipif(
+        not (CHROMIUM and DRIVER),
+        reason="Debian's chromium and chromium-driver are not installed (.ci/run installs them)",
+    ),
+]
 
 
 @contextlib.contextmanager

@@ -1,16 +1,57 @@
-"""A throwaway PostgreSQL server from Debian's packages, for tests that share an Optuna study."""
+"""Live servers on loopback for the full tier: free ports, a real `mlflow server`, a throwaway PostgreSQL
+from Debian's packages (for tests that share an Optuna study)."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
+import socket
 import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from pathlib import Path
 
-from tests.conftest import free_port
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def mlflow_server(folder: Path, backend_uri: str, *extra: str) -> Iterator[str]:
+    """A real `mlflow server` on loopback, up (port accepting) before the body runs; yields its URL."""
+    port = free_port()
+    cmd = [
+        str(Path(sys.executable).with_name("mlflow")),
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--backend-store-uri",
+        backend_uri,
+        "--workers",
+        "1",
+        *extra,
+    ]
+    server = subprocess.Popen(cmd, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(120):
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def _bin(name: str) -> str | None:
@@ -18,7 +59,7 @@ def _bin(name: str) -> str | None:
     return found[-1] if found else shutil.which(name)
 
 
-@contextmanager
+@contextlib.contextmanager
 def postgres_server() -> Iterator[str]:
     """Yields a SQLAlchemy URL; initdb/pg_ctl run as the postgres user when we are root."""
     initdb, pg_ctl = _bin("initdb"), _bin("pg_ctl")

@@ -9,7 +9,7 @@ from safetensors.torch import save_file
 
 from drafter.data import HiddenStateDataset
 from drafter.train import TrainConfig, is_rank0, scratch_drafter, train
-from tests.conftest import tiny_config
+from tests.helpers.drafters import tiny_config
 
 
 def main() -> None:

@@ -1,0 +1,80 @@
+"""Tiny drafters written by the tests themselves, and the real K2 drafter's tensor shapes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from drafter.config import DrafterConfig
+from drafter.model import Eagle3Drafter
+from drafter.vocab import build_vocab_maps
+
+REFERENCE = Path(__file__).resolve().parents[2] / "configs" / "reference"
+
+
+def tiny_config(**overrides) -> DrafterConfig:
+    values = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        vocab_size=96,
+        draft_vocab_size=48,
+        aux_layer_ids=[0, 2, 3],
+        rope_theta=10000.0,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    values.update(overrides)
+    return DrafterConfig(**values)
+
+
+def tiny_drafter(seed: int = 0, **overrides) -> Eagle3Drafter:
+    cfg = tiny_config(**overrides)
+    model = Eagle3Drafter(cfg)
+    model.init_weights(seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(torch.randn(cfg.vocab_size, cfg.hidden_size, generator=gen) * 0.5)
+    counts = torch.rand(cfg.vocab_size, generator=gen)
+    d2t, t2d = build_vocab_maps(counts, cfg.draft_vocab_size)
+    model.d2t.copy_(d2t)
+    model.t2d.copy_(t2d)
+    model.has_embedding = True
+    return model
+
+
+def save_tiny_drafter(folder: Path, target: Path, seed: int = 2) -> Path:
+    """A tiny drafter for the tiny target (its vocabulary, aux layers 0-2), saved without embedding."""
+    from drafter.checkpoint import save_drafter
+
+    vocab = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
+    drafter = tiny_drafter(seed=seed, vocab_size=vocab, draft_vocab_size=128, aux_layer_ids=[0, 1, 2])
+    save_drafter(drafter, folder, include_embedding=False)
+    return folder
+
+
+def k2_drafter_tensors() -> dict[str, tuple[str, list[int]]]:
+    """The real AQ-MedAI Kimi-K2 drafter's tensors (configs/reference), without embed_tokens."""
+    m = "midlayer."
+    return {
+        "fc.weight": ("BF16", [7168, 21504]),
+        f"{m}input_layernorm.weight": ("BF16", [7168]),
+        f"{m}hidden_norm.weight": ("BF16", [7168]),
+        f"{m}post_attention_layernorm.weight": ("BF16", [7168]),
+        f"{m}self_attn.q_proj.weight": ("BF16", [8192, 14336]),
+        f"{m}self_attn.k_proj.weight": ("BF16", [8192, 14336]),
+        f"{m}self_attn.v_proj.weight": ("BF16", [8192, 14336]),
+        f"{m}self_attn.o_proj.weight": ("BF16", [7168, 8192]),
+        f"{m}mlp.gate_proj.weight": ("BF16", [18432, 7168]),
+        f"{m}mlp.up_proj.weight": ("BF16", [18432, 7168]),
+        f"{m}mlp.down_proj.weight": ("BF16", [7168, 18432]),
+        "norm.weight": ("BF16", [7168]),
+        "lm_head.weight": ("BF16", [32000, 7168]),
+        "d2t": ("I64", [32000]),
+        "t2d": ("BOOL", [163840]),
+    }

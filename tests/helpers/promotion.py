@@ -1,0 +1,60 @@
+"""Gated tiny drafters and the profiles that pin their workload: what the promotion, export and evidence
+attack tests start from."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.helpers.drafters import tiny_drafter
+from tests.helpers.prompts import PROMPTS, write_prompts
+from tests.helpers.steps import run_step
+
+MANY = [
+    {"text": f"Prompt {i}: " + PROMPTS[i % len(PROMPTS)].get("text", "def add(a, b): return a + b")} for i in range(20)
+]
+PIN = "eval_prompts: many.jsonl\neval_prompts_sha256: {sha}\neval_max_new_tokens: 8\n"
+LENIENT = "name: lenient\nbaseline_tps: 10\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\n" + PIN  # break-even 0.3
+STRICT = "name: strict\nbaseline_tps: 82\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\n" + PIN  # the seed's 2.46
+
+
+def write_profiles(tmp: Path) -> None:
+    """many.jsonl (20 distinct prompts) and the profiles that pin it: lenient (any drafter beats its
+    break-even: the positive control) and strict (the seed deployment's figures)."""
+    from drafter.prompts import file_digest
+
+    write_prompts(tmp / "many.jsonl", MANY)
+    sha = file_digest(tmp / "many.jsonl")
+    (tmp / "lenient.yaml").write_text(LENIENT.format(sha=sha))
+    (tmp / "strict.yaml").write_text(STRICT.format(sha=sha))
+
+
+def evaluate(tmp, uri, target, profile, *extra):
+    """On the profile's pinned prompts unless `extra` says otherwise."""
+    res = run_step(
+        "evaluate",
+        ["--model", uri, "--target", str(target), "--profile", str(profile), "--no-progress", *extra],
+        tmp,
+        here=True,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res
+
+
+def register_gated(tmp: Path, wrapped: Path, seeds: tuple[int, ...]) -> None:
+    """Tiny drafters (one per seed) imported as versions 1, 2, ... of k25-tiny-eagle3, each gated."""
+    from drafter.checkpoint import save_drafter
+
+    vocab = json.loads((wrapped / "config.json").read_text())["text_config"]["vocab_size"]
+    for seed in seeds:
+        save_drafter(
+            tiny_drafter(seed=seed, vocab_size=vocab, draft_vocab_size=128, aux_layer_ids=[0, 1, 2]),
+            tmp / f"d{seed}",
+            include_embedding=False,
+        )
+        for step, args in (
+            ("import_drafter", ["--source", str(tmp / f"d{seed}"), "--target", str(wrapped)]),
+            ("shape_gate", ["--model", f"models:/k25-tiny-eagle3/{seed}", "--target", str(wrapped)]),
+        ):
+            res = run_step(step, args, tmp, here=True)
+            assert res.returncode == 0, res.stderr[-2000:]
