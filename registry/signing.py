@@ -15,6 +15,7 @@ import hmac
 import json
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,12 +59,17 @@ def load_key(create: bool = True) -> Key:
     if not create:
         raise BadInput(f"no evidence key: set DRAFTEROPS_EVIDENCE_KEY or create {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
+    # written whole under another name, then linked into place: a process starting at the same moment sees
+    # no key or the whole key, never an empty file, and the first link wins
+    fd, staged = tempfile.mkstemp(dir=path.parent, prefix=".evidence.key.")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:  # mkstemp's file is 0600
+            fh.write(os.urandom(32).hex() + "\n")
+        os.link(staged, path)
     except FileExistsError:  # another process created it first: use theirs
         return Key(_read_key(path), str(path))
-    with os.fdopen(fd, "w") as fh:
-        fh.write(os.urandom(32).hex() + "\n")
+    finally:
+        os.unlink(staged)
     if str(path) not in _ANNOUNCED:
         _ANNOUNCED.add(str(path))
         print(

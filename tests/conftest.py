@@ -1,5 +1,9 @@
 """The suite's fixtures. What the tests share as code lives in tests/helpers/; the tiers are told apart by
-the `full` marker (pyproject.toml: `pytest -q` the fast tier, `pytest -q -m full` the full one)."""
+the `full` marker (pyproject.toml: `pytest -q` the fast tier, `pytest -q -m full` the full one).
+
+The fast tier runs on two pytest-xdist workers, each test process single-threaded (two cores, two
+workers); what several workers read (the evidence key, the small main job) is made once in the folder
+they share."""
 
 from __future__ import annotations
 
@@ -9,11 +13,37 @@ from pathlib import Path
 
 import pytest
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker of two on two cores: one thread, its children too
+    os.environ["OMP_NUM_THREADS"] = "1"
+
 from bench.sparse import k2_vocab_maps, write_sparse_safetensors
 from tests.helpers.drafters import REFERENCE, k2_drafter_tensors, tiny_drafter
-from tests.helpers.main_job import main_command, small_main_args
-from tests.helpers.steps import ZYGOTE, run_module, step_env
+from tests.helpers.main_job import SmallMainJob, main_command
+from tests.helpers.steps import ZYGOTE
 from tests.helpers.targets import write_tiny_targets
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """Two workers for the fast tier (`-n auto` in pyproject.toml): most of its time is process start-up,
+    SQLite and small tensors, one thread each. Every other selection runs in one process: the full tier's
+    vLLM servers and main jobs slow down beside anything else (docs/testing.md)."""
+    cores = os.cpu_count() or 1
+    return 2 if config.getoption("markexpr") == "not full" and cores >= 2 else 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The small main job's readers first: the worker that takes them runs the job (about 3 minutes)
+    while the other works through the rest, instead of the job starting last and running alone."""
+    items.sort(key=lambda item: "small_main_job" not in getattr(item, "fixturenames", ()))
+
+
+def shared_folder(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A folder every xdist worker of this session sees (the workers' common temporary root), or this
+    session's own where there are no workers."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 @pytest.fixture
@@ -35,7 +65,7 @@ def k2_sparse_drafter(tmp_path: Path) -> Path:
 def evidence_key_home(tmp_path_factory):
     """The suite's own drafterops home: the evidence key every step of the session signs with (created on
     first use, as on a user's machine), never the user's ~/.drafterops."""
-    home = tmp_path_factory.mktemp("drafterops-home")
+    home = shared_folder(tmp_path_factory, "drafterops-home")  # one key for every worker's evidence
     saved = os.environ.get("DRAFTEROPS_HOME")
     os.environ["DRAFTEROPS_HOME"] = str(home)
     for name in ("DRAFTEROPS_EVIDENCE_KEY", "DRAFTEROPS_EVIDENCE_KEY_FILE"):
@@ -69,8 +99,15 @@ def main_job(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def small_main_job(tmp_path_factory):
-    """`python -m steps.main` once at the smallest settings that still train, evaluate and decide (the fast
-    tier's main job; the full tier runs it under `mlflow run` at the suite's settings): (folder, result)."""
-    tmp = tmp_path_factory.mktemp("small-main")
-    return tmp, run_module("steps.main", small_main_args(tmp), tmp, step_env(tmp), timeout=900)
+def small_main_job(tmp_path_factory, evidence_key_home):
+    """`python -m steps.main` at the smallest settings that still train, evaluate and decide (the fast
+    tier's main job; the full tier runs it under `mlflow run` at the suite's settings): (folder, result).
+    Run once by the first worker that needs it (its readers are scheduled first); another waits for it
+    and reads the same store."""
+    from filelock import FileLock
+
+    folder = shared_folder(tmp_path_factory, "small-main")
+    with FileLock(f"{folder}.lock"):
+        if not (folder / "result.json").exists():
+            SmallMainJob(folder).run()
+    return SmallMainJob(folder).result()

@@ -1,5 +1,7 @@
 """The shared CLI rules that need no step to show them."""
 
+import pytest
+
 from steps._cli import _no_secrets, none_if_empty
 
 
@@ -13,6 +15,7 @@ def test_auto_and_none_mean_not_given():
     assert [none_if_empty(v) for v in ("", "auto", "none", "x")] == [None, None, None, "x"]
 
 
+@pytest.mark.full
 def test_a_step_forked_from_the_zygote_is_what_a_new_interpreter_gives(tmp_path):
     """The tests' default way of running a step (tests/helpers/step_zygote.py) against `python -m`: the same exit
     code, stdout and stderr for a refusal, a crash and a success; a step's own stray output (here a

@@ -52,18 +52,15 @@ def test_main_pipeline_registers_three_drafters_and_gates_production(main_job):
         tags = c.get_model_version(name, v.version).tags
         assert tags["shape_gate"] == "passed"
         assert f"eval.{profile}.accept_len" in tags and "promotion" in c.get_model_version(name, candidate.version).tags
-    rm = c.get_registered_model(name)
-    if "production" in rm.aliases:
-        prod = c.get_model_version_by_alias(name, "production").tags
-        assert float(prod[f"eval.{profile}.accept_len_ci_low"]) > float(prod[f"eval.{profile}.break_even"])
-    else:
-        tags = c.get_model_version(name, candidate.version).tags
-        assert tags["promotion"].startswith("refused")
+    # the mini world's figures: the fine-tuned candidate drafts well short of the seed deployment's
+    # break-even (2.46), so production is refused and stays empty
+    tags = c.get_model_version(name, candidate.version).tags
+    assert float(tags[f"eval.{profile}.accept_len"]) < float(tags[f"eval.{profile}.break_even"]) == pytest.approx(2.46)
+    assert tags["promotion"].startswith("refused"), tags["promotion"]
+    assert "production" not in c.get_registered_model(name).aliases
     # the story at a glance: each version page says how it did and what was decided; main's
     # description is its summary, with all drafters against break-even in one figure
-    for v in (imported, candidate, scratch):
-        assert f"## Evaluation on `{profile}`" in c.get_model_version(name, v.version).description
-    assert "## Promotion to production" in c.get_model_version(name, candidate.version).description
+    # (the version page's sections are rendered and checked in test_evaluate, test_promote, test_finetune)
     (main_run,) = project_runs(c, filter_string="tags.`drafterops.step` = 'main'")
     assert "| fine-tuned |" in main_run.data.tags["mlflow.note.content"]
     assert "drafters_vs_break_even.png" in [a.path for a in c.list_artifacts(main_run.info.run_id)]

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import mlflow
+import pytest
 
 from tests.helpers.prompts import PROMPTS, write_prompts
 from tests.helpers.steps import run_module
@@ -24,6 +25,7 @@ def run(args, cwd, module=True):
     return subprocess.run(args, cwd=cwd, capture_output=True, text=True, env=env)
 
 
+@pytest.mark.full
 def test_make_data_through_mlflow_run(tiny_targets, tmp_path):
     prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS[:4])
     out = tmp_path / "ds"

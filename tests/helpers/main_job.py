@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -50,3 +52,24 @@ def small_main_args(folder: Path) -> list[str]:
     """`python -m steps.main` at the smallest settings that still train, evaluate and decide."""
     args = ["--workdir", str(folder / "work"), "--profile", str(small_profile(folder))]
     return args + [x for k, v in SMALL_PARAMS.items() for x in (f"--{k}", v)]
+
+
+class SmallMainJob:
+    """`python -m steps.main` at SMALL_PARAMS into `folder`, its result kept there for other readers."""
+
+    def __init__(self, folder: Path, timeout: float = 900) -> None:
+        self.folder, self.timeout = folder, timeout
+        self.record = folder / "result.json"
+
+    def run(self) -> None:
+        from tests.helpers.steps import run_module, step_env
+
+        res = run_module("steps.main", small_main_args(self.folder), self.folder, step_env(self.folder), self.timeout)
+        self.record.write_text(json.dumps({"args": res.args, "returncode": res.returncode, "stdout": res.stdout,
+                                           "stderr": res.stderr}))  # fmt: skip
+
+    def result(self) -> tuple[Path, subprocess.CompletedProcess]:
+        done = json.loads(self.record.read_text())
+        return self.folder, subprocess.CompletedProcess(
+            done["args"], done["returncode"], done["stdout"], done["stderr"]
+        )
