@@ -4,13 +4,14 @@ guard's full-tier test and its latency benchmark (bench/guard_latency.py) start 
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from tests.helpers.servers import free_port, mlflow_server
 from tests.helpers.steps import step_env
@@ -44,9 +45,9 @@ class Guarded:
 
 @contextlib.contextmanager
 def guarded_server(folder: Path) -> Iterator[Guarded]:
-    saved = {k: os.environ.get(k) for k in WEBHOOK_ENV}
-    os.environ.update(WEBHOOK_ENV)  # the server process reads them
-    try:
+    with pytest.MonkeyPatch.context() as env_of_server:  # the server process reads them
+        for key, value in WEBHOOK_ENV.items():
+            env_of_server.setenv(key, value)
         backend, artifacts = f"sqlite:///{folder}/server.db", str(folder / "art")
         with mlflow_server(folder, backend, "--default-artifact-root", artifacts) as url:
             env = step_env(folder, MLFLOW_TRACKING_URI=url, DRAFTEROPS_WEBHOOK_SECRET=SECRET)
@@ -62,12 +63,6 @@ def guarded_server(folder: Path) -> Iterator[Guarded]:
                 yield guarded
             finally:
                 guarded.stop_service()
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def wait_for(predicate: Callable[[], bool], seconds: float = 30.0) -> bool:
