@@ -59,15 +59,22 @@ def load_key(create: bool = True) -> Key:
     if not create:
         raise BadInput(f"no evidence key: set DRAFTEROPS_EVIDENCE_KEY or create {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    # written whole under another name, then linked into place: a process starting at the same moment sees
-    # no key or the whole key, never an empty file, and the first link wins
+    # written whole (and synced) under another name, then linked into place: a process starting at the same
+    # moment sees no key or the whole key, never an empty file, and the first link wins
+    secret = os.urandom(32).hex() + "\n"
     fd, staged = tempfile.mkstemp(dir=path.parent, prefix=".evidence.key.")
     try:
         with os.fdopen(fd, "w") as fh:  # mkstemp's file is 0600
-            fh.write(os.urandom(32).hex() + "\n")
-        os.link(staged, path)
-    except FileExistsError:  # another process created it first: use theirs
-        return Key(_read_key(path), str(path))
+            fh.write(secret)
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(staged, path)
+        except FileExistsError:  # another process created it first: use theirs
+            return Key(_read_key(path), str(path))
+        except OSError:  # a filesystem without hard links: create it in place, first O_EXCL wins
+            if not _create_exclusively(path, secret):
+                return Key(_read_key(path), str(path))
     finally:
         os.unlink(staged)
     if str(path) not in _ANNOUNCED:
@@ -78,6 +85,19 @@ def load_key(create: bool = True) -> Key:
             file=sys.stderr,
         )
     return Key(_read_key(path), str(path))
+
+
+def _create_exclusively(path: Path, secret: str) -> bool:
+    """Write the key to `path` unless it exists (False: another process made it)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secret)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return True
 
 
 def _read_key(path: Path) -> bytes:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker of two on two cores: one thread, its children too
-    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from bench.sparse import k2_vocab_maps, write_sparse_safetensors
 from tests.helpers.drafters import REFERENCE, k2_drafter_tensors, tiny_drafter
@@ -23,6 +23,7 @@ from tests.helpers.steps import ZYGOTE
 from tests.helpers.targets import write_tiny_targets
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: without xdist (-p no:xdist) there is nothing to answer
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """Two workers for the fast tier (`-n auto` in pyproject.toml): most of its time is process start-up,
     SQLite and small tensors, one thread each. Every other selection runs in one process: the full tier's

@@ -195,7 +195,8 @@ def candidate_store(small_main_job, tmp_path_factory):
     from drafter.cost import load_profile
     from drafter.prompts import file_digest
 
-    src = small_main_job[0]
+    src, ran = small_main_job
+    assert ran.returncode == 0, ran.stderr[-3000:]  # the main job itself worked: what follows is about evidence
     tmp = tmp_path_factory.mktemp("cherry")
     shutil.copy(src / "mlflow.db", tmp / "mlflow.db")  # artifact locations in it are absolute: shared, read-only here
     kimi = load_profile("kimi-k2.5-8xrtxpro6000")

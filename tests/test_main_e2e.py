@@ -60,7 +60,10 @@ def test_main_pipeline_registers_three_drafters_and_gates_production(main_job):
     assert "production" not in c.get_registered_model(name).aliases
     # the story at a glance: each version page says how it did and what was decided; main's
     # description is its summary, with all drafters against break-even in one figure
-    # (the version page's sections are rendered and checked in test_evaluate, test_promote, test_finetune)
+    # main wrote each version's page (the sections' wording is checked in test_evaluate and test_promote)
+    for v in (imported, candidate, scratch):
+        assert f"## Evaluation on `{profile}`" in c.get_model_version(name, v.version).description
+    assert "## Promotion to production" in c.get_model_version(name, candidate.version).description
     (main_run,) = project_runs(c, filter_string="tags.`drafterops.step` = 'main'")
     assert "| fine-tuned |" in main_run.data.tags["mlflow.note.content"]
     assert "drafters_vs_break_even.png" in [a.path for a in c.list_artifacts(main_run.info.run_id)]

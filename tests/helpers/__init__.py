@@ -8,7 +8,8 @@
 - `servers`: free loopback ports, a live `mlflow server`, a throwaway PostgreSQL.
 - `stores`: reading what the steps logged (the project's runs, every run of a store).
 - `promotion`: gated tiny drafters and the profiles that pin their workload (promote, export, attacks).
-- `main_job`: the main job's command line at the suite's settings.
+- `main_job`: the main job's command line at the suite's settings (full tier), and the small main job
+  (fast tier) run once and read by any worker.
 - `checks`: assertions more than one test module makes (one line, exit 2).
 - `rank_train`: one rank of the data-parallel test, run as a process or under torchrun.
 """

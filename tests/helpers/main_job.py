@@ -62,11 +62,26 @@ class SmallMainJob:
         self.record = folder / "result.json"
 
     def run(self) -> None:
+        """Run it and record how it ended, a timeout or a crash of the runner included, so a later reader
+        sees that outcome instead of running it again over what this run left in the folder."""
         from tests.helpers.steps import run_module, step_env
 
-        res = run_module("steps.main", small_main_args(self.folder), self.folder, step_env(self.folder), self.timeout)
-        self.record.write_text(json.dumps({"args": res.args, "returncode": res.returncode, "stdout": res.stdout,
-                                           "stderr": res.stderr}))  # fmt: skip
+        cmd = ["python", "-m", "steps.main", *small_main_args(self.folder)]
+        try:
+            res = run_module("steps.main", cmd[3:], self.folder, step_env(self.folder), self.timeout)
+            done = {"args": res.args, "returncode": res.returncode, "stdout": res.stdout, "stderr": res.stderr}
+        except BaseException as exc:
+            done = {
+                "args": cmd,
+                "returncode": -1,
+                "stdout": "",
+                "stderr": f"the small main job did not finish: {exc!r}",
+            }
+            raise
+        finally:
+            staged = self.record.with_suffix(".tmp")
+            staged.write_text(json.dumps(done))
+            staged.replace(self.record)  # whole or absent for a reader
 
     def result(self) -> tuple[Path, subprocess.CompletedProcess]:
         done = json.loads(self.record.read_text())
