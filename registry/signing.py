@@ -64,10 +64,7 @@ def load_key(create: bool = True) -> Key:
     secret = os.urandom(32).hex() + "\n"
     fd, staged = tempfile.mkstemp(dir=path.parent, prefix=".evidence.key.")
     try:
-        with os.fdopen(fd, "w") as fh:  # mkstemp's file is 0600
-            fh.write(secret)
-            fh.flush()
-            os.fsync(fh.fileno())
+        _write_synced(fd, secret)  # mkstemp's file is 0600
         try:
             os.link(staged, path)
         except FileExistsError:  # another process created it first: use theirs
@@ -93,11 +90,16 @@ def _create_exclusively(path: Path, secret: str) -> bool:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         return False
+    _write_synced(fd, secret)
+    return True
+
+
+def _write_synced(fd: int, secret: str) -> None:
+    """The key on disk before anyone can read it under its name (a crash leaves no empty key)."""
     with os.fdopen(fd, "w") as fh:
         fh.write(secret)
         fh.flush()
         os.fsync(fh.fileno())
-    return True
 
 
 def _read_key(path: Path) -> bytes:

@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MAIN_PARAMS = {"n_trials": "2", "max_steps": "60", "limit": "6", "max_new_tokens": "32", "calibrate": "no"}
 
 
-def main_command(tmp: Path, params: dict[str, str] = MAIN_PARAMS) -> tuple[list[str], dict[str, str]]:
-    """`mlflow run . --env-manager local` on the mini world into `tmp`, with `params`."""
+def main_command(tmp: Path) -> tuple[list[str], dict[str, str]]:
+    """`mlflow run . --env-manager local` on the mini world into `tmp`, at MAIN_PARAMS."""
     env = {
         **os.environ,
         "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db",
@@ -24,7 +24,7 @@ def main_command(tmp: Path, params: dict[str, str] = MAIN_PARAMS) -> tuple[list[
     }
     cmd = [str(Path(sys.executable).with_name("mlflow")), "run", str(ROOT), "--env-manager", "local",
            "--experiment-name", "drafterops"]  # fmt: skip
-    cmd += ["-P", f"workdir={tmp / 'work'}", *[x for k, v in params.items() for x in ("-P", f"{k}={v}")]]
+    cmd += ["-P", f"workdir={tmp / 'work'}", *[x for k, v in MAIN_PARAMS.items() for x in ("-P", f"{k}={v}")]]
     return cmd, env
 
 
@@ -66,13 +66,13 @@ class SmallMainJob:
         sees that outcome instead of running it again over what this run left in the folder."""
         from tests.helpers.steps import run_module, step_env
 
-        cmd = ["python", "-m", "steps.main", *small_main_args(self.folder)]
+        args = small_main_args(self.folder)
         try:
-            res = run_module("steps.main", cmd[3:], self.folder, step_env(self.folder), self.timeout)
+            res = run_module("steps.main", args, self.folder, step_env(self.folder), self.timeout)
             done = {"args": res.args, "returncode": res.returncode, "stdout": res.stdout, "stderr": res.stderr}
         except BaseException as exc:
             done = {
-                "args": cmd,
+                "args": ["python", "-m", "steps.main", *args],
                 "returncode": -1,
                 "stdout": "",
                 "stderr": f"the small main job did not finish: {exc!r}",
