@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 import yaml
 
+from common.prompt_files import file_digest, read_prompts
 from drafter.checkpoint import load_drafter
-from drafter.cost import Profile
 from drafter.evaluation import evaluate_online
-from drafter.prompts import file_digest, read_prompts
 from drafter.target import load_target
+from serving.profile import Profile
 
 ROOT = Path(__file__).resolve().parents[1]
 

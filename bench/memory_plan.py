@@ -70,8 +70,8 @@ def measure(folder: Path, drafter: dict, train: dict) -> dict:
 
 def k2_verdict() -> str:
     """`finetune`'s own check for the real K2 drafter's config on this host: its one line."""
+    from common.errors import BadInput
     from drafter.config import DrafterConfig
-    from drafter.errors import BadInput
     from drafter.train import TrainConfig, load_ds_config
     from tuning.memory import check
 

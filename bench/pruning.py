@@ -15,13 +15,13 @@ from pathlib import Path
 import optuna
 
 from bench._common import write_results
+from common.prompt_files import read_prompts
 from drafter.capture import capture, plan_capture
 from drafter.checkpoint import load_drafter
-from drafter.cost import load_profile
 from drafter.data import HiddenStateDataset
-from drafter.prompts import read_prompts
 from drafter.target import load_target
 from drafter.train import TrainConfig, TrainingStopped, attach_target_embedding, train
+from serving.profile import load_profile
 from tuning.space import load_space, suggest
 
 ROOT = Path(__file__).resolve().parents[1]

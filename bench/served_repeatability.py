@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench._common import write_results
-from steps.import_drafter import MINIWORLD
+from common.paths import MINIWORLD
 
 PROMPTS = MINIWORLD / "prompts"
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,8 +36,8 @@ METHODS = ("whole set", "chunked, unpaced", "chunked, paced")
 
 
 def encoded(target: Path, name: str, limit: int, max_new: int):
+    from common.prompt_files import read_prompts
     from drafter.evaluation import encode_prompts, stop_token, target_tokenizer
-    from drafter.prompts import read_prompts
     from engines.vllm import Settings
 
     tokenizer, context = target_tokenizer(str(target))

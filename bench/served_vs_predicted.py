@@ -13,8 +13,9 @@ import argparse
 import json
 from pathlib import Path
 
-from drafter.cost import break_even_accept_len, load_profile
-from drafter.operating_report import served_vs_predicted
+from reports.operating import served_vs_predicted
+from serving.cost import break_even_accept_len
+from serving.profile import load_profile
 from steps.evaluate import served_speedups
 
 ROOT = Path(__file__).resolve().parents[1]

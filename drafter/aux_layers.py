@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from drafter.errors import BadInput
+from common.errors import BadInput
 
 
 @dataclass(frozen=True)

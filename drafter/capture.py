@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from drafter import failpoints
+from common import failpoints
+from common.errors import BadInput
 from drafter.data import DatasetComplete, DatasetWriter, Sample
-from drafter.errors import BadInput
 from drafter.prompts import TokenizedPrompt, tokenize_record
 from drafter.target import Target
 

@@ -18,9 +18,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from common.errors import BadInput
 from drafter import aux_layers
 from drafter.config import DrafterConfig, read_json
-from drafter.errors import BadInput
 from drafter.model import Eagle3Drafter
 from drafter.vocab import validate_vocab_maps
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
+from common.errors import BadInput
 from drafter.checkpoint import CONFIG_DTYPES, DTYPES, EMBED, TensorInfo, expected_tensors, parse_header_bytes
 from drafter.config import DrafterConfig, TargetConfig
-from drafter.errors import BadInput
 from drafter.rope import rope_from_config
 from drafter.vocab import validate_vocab_maps
 

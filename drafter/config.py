@@ -1,4 +1,4 @@
-"""Drafter and target configs: the config.json contract of DESIGN.md, read strictly, written losslessly."""
+"""Drafter and target configs: the config.json contract of docs/design.md, read strictly, written losslessly."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.errors import BadInput
 from drafter.aux_layers import CONVENTION_KEY, project_ids
-from drafter.errors import BadInput
 from drafter.rope import RopeSpec, rope_from_config
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
-# Keys the drafter cannot be built without (DESIGN.md, checkpoint format).
+# Keys the drafter cannot be built without (docs/design.md, checkpoint format).
 REQUIRED_KEYS = (
     "hidden_size",
     "intermediate_size",

@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from common.errors import BadInput
 from drafter.checkpoint import DTYPES, parse_header_bytes
 from drafter.config import read_json
-from drafter.errors import BadInput
 
 FORMAT = "drafterops-hidden-states"
 VERSION = 1

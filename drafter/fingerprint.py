@@ -2,7 +2,7 @@
 
 A target's identity is its config plus the safetensors headers of its weights (names, shapes, dtypes,
 offsets): read from headers alone, it tells k2-mini from k2.5-mini, or a target whose weights were
-swapped for another layout, without hashing gigabytes. (A prompt's identity is drafter.workload.prompt_key.)
+swapped for another layout, without hashing gigabytes. (A prompt's identity is serving.workload.prompt_key.)
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from drafter.errors import BadInput
+from common.errors import BadInput
 
 
 def _sha(obj: Any) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from drafter.errors import BadInput
+from common.errors import BadInput
 
 SUPPORTED = ("default", "linear", "llama3", "yarn")
 DEFAULT_THETA = 10000.0

@@ -18,10 +18,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from common.errors import BadInput
 from drafter import aux_layers
 from drafter.checkpoint import EMBED, checked, copy_tensors, header_problems, read_header
 from drafter.config import ARCHITECTURE, DrafterConfig, read_json
-from drafter.errors import BadInput
 
 MODEL_TYPE = "eagle3"
 NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")  # all false in the project

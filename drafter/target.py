@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from common.errors import BadInput
 from drafter.checkpoint import read_header, weight_files
 from drafter.config import TargetConfig
-from drafter.errors import BadInput
 
 HUB_PATTERNS = [
     "config.json",

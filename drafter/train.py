@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from common.errors import BadInput
 from drafter.config import DrafterConfig
 from drafter.data import collate, split_indices, token_counts
-from drafter.errors import BadInput
 from drafter.loss import StepStats, loss_positions, pred_mask_from_loss_mask, target_draft_logits, ttt_loss
 from drafter.model import Eagle3Drafter
 from drafter.packing import collate_packed
@@ -277,6 +277,25 @@ def full_state_dict(engine: Any) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone().cpu() for k, v in module.state_dict().items()}
 
 
+@dataclass
+class _Setup:
+    """Everything a training step needs, built once: the DeepSpeed engine, the ranks, the target's head rows,
+    the validation split and where checkpoints go."""
+
+    engine: Any
+    scheduler: Any
+    world: int
+    rank: int
+    dtype: torch.dtype
+    head_rows: torch.Tensor
+    train_idx: list[int]
+    val_dataset: Any
+    val_idx: list[int]
+    val_rows: torch.Tensor
+    ckpt_dir: Path | None
+    start_step: int
+
+
 def train(
     model: Eagle3Drafter,
     dataset: Any,
@@ -295,6 +314,31 @@ def train(
     Under a launcher with W ranks, each global batch of cfg.batch_size samples is split into W
     disjoint parts, and the loss is normalised by the global token count, so W ranks compute the
     gradient one rank would on the whole batch."""
+    run = _setup(model, dataset, cfg, val_dataset)
+    history: list[dict[str, float]] = []
+    val_stats, tokens, t0 = None, 0, time.perf_counter()
+    bar = tqdm(range(run.start_step, cfg.max_steps), initial=run.start_step, total=cfg.max_steps, desc="train",
+               disable=not (progress and is_rank0()), unit="step")  # fmt: skip
+    for step in bar:
+        metrics, step_tokens = _step(run, dataset, cfg, step)
+        tokens += step_tokens
+        history.append(metrics)
+        if on_step is not None and is_rank0():
+            on_step(step + 1, metrics)
+        bar.set_postfix(loss=f"{metrics['train_loss']:.3f}", acc0=f"{metrics['train_acc_0']:.2f}")
+        done = step + 1
+        validated = _validate_and_checkpoint(run, cfg, done)
+        if validated is not None:
+            val_stats = validated
+            if on_validate is not None and on_validate(done, validated) and done < cfg.max_steps:
+                raise TrainingStopped(done)
+    bar.close()
+    seconds = time.perf_counter() - t0
+    return TrainResult(_trained(run, model), val_stats, cfg.max_steps - run.start_step, tokens, seconds, history)
+
+
+def _setup(model: Eagle3Drafter, dataset: Any, cfg: TrainConfig, val_dataset: Any | None) -> _Setup:
+    """Checks, the validation split, the process group, the DeepSpeed engine, and a resumed checkpoint."""
     import deepspeed
 
     check_fit(model.config, dataset)
@@ -321,102 +365,74 @@ def train(
     engine, _, _, scheduler = deepspeed.initialize(
         model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_config
     )
-    device = engine.device
-    dtype = torch.bfloat16 if bf16 else torch.float32
-    head_rows = head_rows.to(device)
-    val_rows = head_rows if val_dataset is dataset else val_dataset.target_head()[model.t2d].float().to(device)
+    head_rows = head_rows.to(engine.device)
+    val_rows = head_rows if val_dataset is dataset else val_dataset.target_head()[model.t2d].float().to(engine.device)
     start_step = 0
     ckpt_dir = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     if ckpt_dir is not None and (ckpt_dir / "latest").is_file():
         _, client = engine.load_checkpoint(str(ckpt_dir))
         start_step = int((client or {}).get("step", 0))
-    history: list[dict[str, float]] = []
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    return _Setup(engine, scheduler, world, rank, dtype, head_rows, train_idx, val_dataset, val_idx, val_rows,
+                  ckpt_dir, start_step)  # fmt: skip
+
+
+def _step(run: _Setup, dataset: Any, cfg: TrainConfig, step: int) -> tuple[dict[str, float], int]:
+    """One optimizer step on this rank's share of the global batch: (metrics, the global batch's tokens)."""
+    import torch.distributed as dist
+
+    engine, world = run.engine, run.world
+    mine = rank_share(batch_indices(run.train_idx, cfg.batch_size, cfg.seed, step), run.rank, world)
+    batch = (collate_packed if cfg.packing else collate)([dataset[i] for i in mine], cfg.max_len).to(engine.device)
+    segments = batch.segment_ids
+    mask = pred_mask_from_loss_mask(batch.loss_mask, segments) & batch.attention_mask
+    steps = engine(
+        batch.input_ids, batch.aux_hidden.to(run.dtype), batch.attention_mask, ttt_length=cfg.ttt_length,
+        noise_std=cfg.noise_std, pred_mask=mask,  # compute only what the loss reads
+        position_ids=batch.position_ids, segment_ids=segments,
+    )  # fmt: skip
+    counts = loss_positions(batch.target_token, mask, engine.module.t2d, cfg.ttt_length, segments)
+    step_tokens = torch.tensor([float(batch.num_tokens)])
+    if world > 1:  # the loss is a mean over the global batch's positions, not each rank's
+        dist.all_reduce(counts)
+        dist.all_reduce(step_tokens)
+    loss, _, stats = ttt_loss(
+        steps, target_draft_logits(batch.last_hidden, run.head_rows), batch.target_token, mask, engine.module.t2d,
+        engine.module.d2t, decay=cfg.step_decay, denominators=counts, world_size=world, segment_ids=segments,
+    )  # fmt: skip
+    shown = loss.detach().clone()
+    if world > 1:  # the global batch's loss: the mean of the ranks' parts
+        dist.all_reduce(shown)
+        shown /= world
+    loss_value = shown.item()
+    if not math.isfinite(loss_value):
+        raise TrainingDiverged(step + 1, loss_value)
+    engine.backward(loss)
+    engine.step()
+    lr = run.scheduler.get_last_lr()[0] if run.scheduler is not None else cfg.peak_lr
+    metrics = {"train_loss": loss_value, "lr": float(lr), **{f"train_acc_{i}": a for i, a in enumerate(stats.accuracy)}}
+    return metrics, int(step_tokens.item())  # every rank's tokens
+
+
+def _validate_and_checkpoint(run: _Setup, cfg: TrainConfig, done: int) -> StepStats | None:
+    """Validation counts when one is due (None otherwise), and a checkpoint when one is due."""
     val_stats = None
-    tokens = 0
-    t0 = time.perf_counter()
-    bar = tqdm(
-        range(start_step, cfg.max_steps),
-        initial=start_step,
-        total=cfg.max_steps,
-        desc="train",
-        disable=not (progress and is_rank0()),
-        unit="step",
-    )
-    for step in bar:
-        mine = rank_share(batch_indices(train_idx, cfg.batch_size, cfg.seed, step), rank, world)
-        batch = (collate_packed if cfg.packing else collate)([dataset[i] for i in mine], cfg.max_len).to(device)
-        segments = batch.segment_ids
-        mask = pred_mask_from_loss_mask(batch.loss_mask, segments) & batch.attention_mask
-        steps = engine(
-            batch.input_ids,
-            batch.aux_hidden.to(dtype),
-            batch.attention_mask,
-            ttt_length=cfg.ttt_length,
-            noise_std=cfg.noise_std,
-            pred_mask=mask,  # compute only what the loss reads
-            position_ids=batch.position_ids,
-            segment_ids=segments,
-        )
-        target_token = batch.target_token
-        counts = loss_positions(target_token, mask, engine.module.t2d, cfg.ttt_length, segments)
-        step_tokens = torch.tensor([float(batch.num_tokens)])
-        if world > 1:  # the loss is a mean over the global batch's positions, not each rank's
-            dist.all_reduce(counts)
-            dist.all_reduce(step_tokens)
-        loss, _, stats = ttt_loss(
-            steps,
-            target_draft_logits(batch.last_hidden, head_rows),
-            target_token,
-            mask,
-            engine.module.t2d,
-            engine.module.d2t,
-            decay=cfg.step_decay,
-            denominators=counts,
-            world_size=world,
-            segment_ids=segments,
-        )
-        shown = loss.detach().clone()
-        if world > 1:  # the global batch's loss: the mean of the ranks' parts
-            dist.all_reduce(shown)
-            shown /= world
-        loss_value = shown.item()
-        if not math.isfinite(loss_value):
-            raise TrainingDiverged(step + 1, loss_value)
-        engine.backward(loss)
-        engine.step()
-        tokens += int(step_tokens.item())  # every rank's
-        lr = scheduler.get_last_lr()[0] if scheduler is not None else cfg.peak_lr
-        metrics = {
-            "train_loss": loss_value,
-            "lr": float(lr),
-            **{f"train_acc_{i}": a for i, a in enumerate(stats.accuracy)},
-        }
-        history.append(metrics)
-        if on_step is not None and is_rank0():
-            on_step(step + 1, metrics)
-        bar.set_postfix(loss=f"{loss_value:.3f}", acc0=f"{stats.accuracy[0]:.2f}")
-        done = step + 1
-        validate_now = val_idx and (done % cfg.val_every == 0 or done == cfg.max_steps)
-        if validate_now:
-            val_stats = offline_stats(  # a rank's share of the batch at a time: what the memory plan planned
-                engine.module,
-                val_dataset,
-                val_idx,
-                val_rows,
-                cfg.val_draft_steps,
-                micro_batch(cfg.batch_size, world),
-                cfg.max_len,
-            )
-        every = cfg.checkpoint_every or cfg.val_every
-        if ckpt_dir is not None and (done % every == 0 or done == cfg.max_steps):
-            engine.save_checkpoint(str(ckpt_dir), tag=f"step{done}", client_state={"step": done})
-        if validate_now and on_validate is not None and on_validate(done, val_stats) and done < cfg.max_steps:
-            raise TrainingStopped(done)
-    bar.close()
-    seconds = time.perf_counter() - t0
-    state = full_state_dict(engine)
+    if run.val_idx and (done % cfg.val_every == 0 or done == cfg.max_steps):
+        val_stats = offline_stats(  # a rank's share of the batch at a time: what the memory plan planned
+            run.engine.module, run.val_dataset, run.val_idx, run.val_rows, cfg.val_draft_steps,
+            micro_batch(cfg.batch_size, run.world), cfg.max_len,
+        )  # fmt: skip
+    every = cfg.checkpoint_every or cfg.val_every
+    if run.ckpt_dir is not None and (done % every == 0 or done == cfg.max_steps):
+        run.engine.save_checkpoint(str(run.ckpt_dir), tag=f"step{done}", client_state={"step": done})
+    return val_stats
+
+
+def _trained(run: _Setup, model: Eagle3Drafter) -> Eagle3Drafter:
+    """The trained weights gathered from every rank into a plain fp32 drafter in eval mode."""
+    state = full_state_dict(run.engine)
     trained = Eagle3Drafter(model.config)
     trained.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     trained.has_embedding = True
     trained.eval()
-    return TrainResult(trained, val_stats, cfg.max_steps - start_step, tokens, seconds, history)
+    return trained

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from drafter.errors import BadInput
+from common.errors import BadInput
 
 
 def build_vocab_maps(token_counts: torch.Tensor, draft_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from drafter.errors import BadInput, InternalError
+from common.errors import BadInput, InternalError
 from engines import interleave, vllm
 from engines.server import launched_together, on_loopback
 

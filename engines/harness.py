@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
+from common.errors import BadInput, InternalError
 from drafter import aux_layers
 from drafter.checkpoint import load_config
-from drafter.errors import BadInput, InternalError
 from engines import environment, export, sglang, vllm
 from engines.measurement import EngineRun, Launch, first_difference
+from engines.protocol import Job
+from serving.cost import projected_tps
+from serving.profile import Profile
 
 ENGINES = ("vllm", "sglang")
 
@@ -114,9 +119,9 @@ def check_agreement(
     layers handed in the wrong convention, which can move the pooled figure by under 1%)."""
     if not inprocess:
         return {}
-    from drafter.evaluation import pooled_accept_len
+    from serving.workload import pooled
 
-    reference = pooled_accept_len(inprocess)
+    reference = pooled(inprocess)
     diff = run.accept_len / reference - 1
     same = sum(a == b for a, b in zip(run.per_prompt, inprocess, strict=True)) / len(inprocess)
     if abs(diff) > tolerance or same < min_prompts:
@@ -138,3 +143,108 @@ def check_agreement(
             f"(trained on {aux.get('project_ids')})"
         )
     return {"engine_vs_inprocess": diff, "engine_prompt_agreement": same}
+
+
+@dataclass(frozen=True)
+class Checks:
+    """How a served measurement is held to the project's decoding: accept_len within `tolerance`
+    (relative), identical cycles on at least `min_prompts` of the prompts; `handed_ids`: aux ids handed to
+    the engine as they are (None: the drafter's, translated to the engine's reading)."""
+
+    tolerance: float = 0.02
+    min_prompts: float = 0.8
+    handed_ids: list[int] | None = None
+
+
+@dataclass
+class ServedRun:
+    """A served measurement as a Measurement: the engine's own figures, its agreement with the project's
+    decoding, and (when that ran) the reference's figures too."""
+
+    run: EngineRun
+    agreement: dict[str, float]
+    reference: Any = None  # the in-process Measurement of the same job, if it ran
+
+    engine = property(lambda self: self.run.engine)
+    engine_version = property(lambda self: self.run.engine_version)
+    aux = property(lambda self: self.run.aux)
+    endpoint = property(lambda self: self.run.endpoint)
+    attested = property(lambda self: self.run.attested)
+    per_prompt = property(lambda self: self.run.per_prompt)
+    acc_pos = property(lambda self: self.run.acc_pos)
+    accept_len = property(lambda self: self.run.accept_len)
+    display = property(lambda self: self.run.engine_version)
+    title_suffix = property(lambda self: f" ({self.run.engine_version})")
+    accepted = None  # a server reports counters, not each cycle's acceptance
+
+    def warnings(self, profile: Profile) -> list[str]:
+        return []
+
+    def metrics(self, profile: Profile) -> dict[str, float]:
+        m = self.reference.metrics(profile) if self.reference is not None else {}
+        m.update(self.run.metrics())
+        m.update(self.agreement)
+        if self.reference is not None:
+            m["inprocess_accept_len"] = self.reference.accept_len
+        m.update(headline(self.run.accept_len, m["engine_accept_len_ci_low"], m["engine_accept_len_ci_high"], profile))
+        m["engine_delivered_share"] = self.run.delivered_share
+        return m
+
+    def artifacts(self) -> dict[str, Any]:
+        return {
+            "tags": {
+                "engine": self.run.engine,
+                "engine_version": self.run.engine_version,
+                "engine.aux_handed": str(self.run.aux["handed_ids"]),
+            },
+            "dicts": {"engine_aux_layers.json": self.run.aux},
+            "logs": list(self.run.logs),
+        }
+
+
+def headline(accept_len: float, lo: float, hi: float, profile: Profile) -> dict[str, float]:
+    """The figures a decision and the version page read, from the engine's measurement."""
+    tps = projected_tps(accept_len, profile)
+    return {
+        "accept_len": accept_len,
+        "accept_len_ci_low": lo,
+        "accept_len_ci_high": hi,
+        "projected_tps": tps,
+        "projected_speedup": tps / profile.baseline_tps,
+    }
+
+
+class ServingEngine:
+    """vLLM or SGLang: a server launched here with the drafter exported for it (or a user's `endpoint`),
+    fed the prompts as the target's tokenizer encodes them, and held to the project's decoding."""
+
+    def __init__(
+        self, name: str, settings: vllm.Settings, checks: Checks, endpoint: str | None = None,
+        python: str | None = None, fmt: str = "plain",
+    ) -> None:  # fmt: skip
+        self.name, self.settings, self.checks = name, settings, checks
+        self.endpoint, self.python, self.fmt = endpoint, python, fmt
+
+    def check_reachable(self) -> None:
+        if self.endpoint:
+            vllm.check_endpoint(self.endpoint.rstrip("/"), spec=self.name == "vllm")
+        else:
+            environment.engine_version(environment.find_python(self.name, self.python), self.name)
+
+    def measure(self, job: Job, reference: Any = None) -> ServedRun:
+        from drafter.evaluation import encode_prompts, stop_token, target_tokenizer
+
+        tokenizer, context = target_tokenizer(job.target)
+        prompts, _ = encode_prompts(tokenizer, job.records, context, job.max_new_tokens, job.k)
+        settings = replace(
+            self.settings, k=job.k, max_new_tokens=job.max_new_tokens, temperature=job.temperature, seed=job.seed,
+            stop_token_id=stop_token(tokenizer), max_model_len=context,
+        )  # fmt: skip
+        run, agreement = measure_checked(
+            self.name, Path(job.folder), Path(job.target), [p.tolist() for p in prompts], settings,
+            reference=(reference.online.outputs, reference.per_prompt) if reference is not None else None,
+            tolerance=self.checks.tolerance, min_prompts=self.checks.min_prompts,
+            python=self.python, endpoint=self.endpoint, handed_ids=self.checks.handed_ids, progress=job.progress,
+            fmt=self.fmt,
+        )  # fmt: skip
+        return ServedRun(run, agreement, reference)

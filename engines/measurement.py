@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from drafter.evaluation import bootstrap_ci, pooled_accept_len
+from serving.workload import bootstrap_ci, pooled
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class EngineRun:
 
     @property
     def accept_len(self) -> float:
-        return pooled_accept_len(self.per_prompt)
+        return pooled(self.per_prompt)
 
     @property
     def delivered_share(self) -> float:

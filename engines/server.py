@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from drafter.errors import InternalError
+from common.errors import InternalError
 
 _LIVE: set[ManagedServer] = set()
 

@@ -20,7 +20,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from drafter.errors import InternalError
+from common.errors import InternalError
 from engines.measurement import EngineRun, Launch
 from engines.server import on_loopback
 from engines.vllm import Settings

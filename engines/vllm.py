@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from drafter.errors import BadInput, InternalError
+from common.errors import BadInput, InternalError
 from engines import interleave
 from engines.measurement import EngineRun, Launch
 from engines.server import launched_together, on_loopback

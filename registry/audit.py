@@ -14,17 +14,15 @@ from typing import Any
 
 from registry import naming
 
-AUDIT_EXPERIMENT = "drafterops-audit"
-
 
 def _audit_experiment(c: Any) -> str:
-    exp = c.get_experiment_by_name(AUDIT_EXPERIMENT)
+    exp = c.get_experiment_by_name(naming.AUDIT_EXPERIMENT)
     if exp is not None:
         return exp.experiment_id
     try:
-        return c.create_experiment(AUDIT_EXPERIMENT)
+        return c.create_experiment(naming.AUDIT_EXPERIMENT)
     except Exception:  # created meanwhile by a concurrent decision
-        return c.get_experiment_by_name(AUDIT_EXPERIMENT).experiment_id
+        return c.get_experiment_by_name(naming.AUDIT_EXPERIMENT).experiment_id
 
 
 def current_alias_version(c: Any, name: str, alias: str) -> str | None:

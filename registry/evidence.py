@@ -23,10 +23,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from drafter.cost import Profile, break_even_accept_len
-from drafter.workload import class_figures, mix_accept_len, mix_ci
 from registry import signing
 from registry.policy import Evidence
+from serving.cost import break_even_accept_len
+from serving.profile import Profile
+from serving.workload import class_figures, mix_accept_len, mix_ci
 
 EVIDENCE_FILE = "evidence.json"
 TAG = "drafterops.evidence"  # on the evaluate run: "<model>/<version>"

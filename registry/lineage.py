@@ -1,7 +1,7 @@
 """What a version was trained on, as far as the registry knows: the prompts of its fine-tuning datasets
 and of every version it descends from.
 
-`make_data` records the identity of each prompt a dataset was captured from (drafter.workload.prompt_key,
+`make_data` records the identity of each prompt a dataset was captured from (serving.workload.prompt_key,
 covered by the dataset's digest); `finetune` logs them with the run that registers a version
 (`lineage/training_prompts.json`). An evaluation on prompts the candidate (or an ancestor) was trained on
 measures memory, not acceptance: such a candidate is refused on that evaluation set. A drafter imported
@@ -31,7 +31,7 @@ def training_prompt_keys(c: Any, mv: Any, depth: int = 32) -> set[str]:
     The run is the version's own (`run_id`, set by MLflow when the version was created, not a tag)."""
     from mlflow.exceptions import MlflowException
 
-    from drafter.errors import BadInput
+    from common.errors import BadInput
     from registry import store
 
     keys: set[str] = set()

@@ -1,4 +1,4 @@
-"""Registered-model names and the fixed tag/alias vocabulary of DESIGN.md."""
+"""Registered-model names and the fixed tag/alias vocabulary of docs/design.md."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ import os
 import re
 from pathlib import Path
 
-from drafter.errors import BadInput
+from common.errors import BadInput
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"  # the embedded default store, in the working folder
 PROJECT_EXPERIMENT = "drafterops"  # where the steps log unless MLFLOW_EXPERIMENT_NAME/_ID say otherwise
 EXPERIMENT_KIND = "custom_model_development"  # MLflow 3's runs view (model training), not its GenAI traces
 ALIASES = ("imported", "candidate", "staging", "production")
+AUDIT_EXPERIMENT = "drafterops-audit"  # every alias move and deletion, one run each
 PROTECTED_ALIASES = ("staging", "production")  # serving aliases: they move only through `promote`
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 LEGACY_STAGE = {"staging": "Staging", "production": "Production"}
@@ -71,6 +72,13 @@ def eval_tag(profile: str, key: str) -> str:
 
 def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
+
+
+def use_default_store() -> None:
+    """MLFLOW_TRACKING_URI, when the user set none, becomes the embedded store in this working folder by its
+    absolute path: `mlflow run` starts each step in the project's folder, and a relative path there would
+    name another store than the one `main` opened in the user's folder."""
+    os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{Path.cwd() / 'mlflow.db'}")
 
 
 def same_target(a: str, b: str) -> bool:

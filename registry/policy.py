@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from drafter.workload import ClassFigure
 from registry import naming
+from serving.workload import ClassFigure
 
 
 @dataclass(frozen=True)

@@ -2,30 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from drafter.config import DrafterConfig
-from drafter.errors import BadInput
+from common.errors import BadInput
+from registry.reference import DrafterRef
 
 HUB_CONFIG_ONLY = ["config.json", "README.md", "LICENSE*"]
 HUB_DRAFTER_FILES = [*HUB_CONFIG_ONLY, "*.safetensors", "model.safetensors.index.json"]
-
-
-@dataclass
-class DrafterRef:
-    """Where a drafter came from and where its files are now."""
-
-    ref: str
-    folder: Path
-    kind: str  # "registry" | "local" | "hub"
-    revision: str | None = None  # resolved hub commit
-    model_name: str | None = None  # registry name and version when kind == "registry"
-    model_version: str | None = None
-
-    @property
-    def config(self) -> DrafterConfig:
-        return DrafterConfig.from_file(self.folder / "config.json")
 
 
 def parse_hub_ref(ref: str) -> tuple[str, str | None]:

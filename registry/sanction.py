@@ -69,9 +69,7 @@ def holder(c: Any, name: str, alias: str) -> Holder:
     from mlflow.entities import ViewType
     from mlflow.exceptions import MlflowException
 
-    from registry.audit import AUDIT_EXPERIMENT
-
-    exp = c.get_experiment_by_name(AUDIT_EXPERIMENT)
+    exp = c.get_experiment_by_name(naming.AUDIT_EXPERIMENT)
     if exp is None:
         return Holder(None)
     rm = c.get_registered_model(name)

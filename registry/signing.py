@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drafter.errors import BadInput
+from common.errors import BadInput
 
 SIGNATURE = "signature"
 KEY_ID = "key_id"

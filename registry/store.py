@@ -13,10 +13,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from common.errors import BadInput
 from drafter.checkpoint import INDEX_FILE, weight_files
-from drafter.errors import BadInput
 from registry import naming
-from registry.resolve import DrafterRef
+from registry.reference import DrafterRef
 
 URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[A-Za-z0-9_-]+))$")
 
@@ -30,7 +30,7 @@ def client():
     migrations; a tracking server does that itself."""
     from mlflow import MlflowClient
 
-    os.environ.setdefault("MLFLOW_TRACKING_URI", naming.DEFAULT_TRACKING_URI)
+    naming.use_default_store()
     warnings.filterwarnings("ignore", module="mlflow")
     uri = naming.tracking_uri()
     if uri.startswith("sqlite:///") and uri not in _READY:

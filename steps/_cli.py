@@ -1,5 +1,5 @@
 """The convention every entry point follows: argparse with the MLproject's parameter names, one-line
-errors on stderr, DESIGN.md's exit codes (0 ok, 1 a gate said no, 2 bad input, 3 an internal error
+errors on stderr, docs/design.md's exit codes (0 ok, 1 a gate said no, 2 bad input, 3 an internal error
 whose traceback goes to a log file and the run's artifacts, never onto the user's terminal), and the
 MLflow run the step belongs to (the one `mlflow run` started, or a new one)."""
 
@@ -17,9 +17,9 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from drafter import failpoints
-from drafter.errors import INTERNAL_ERROR, BadInput, DrafterOpsError
-from registry.naming import DEFAULT_TRACKING_URI
+from common import failpoints
+from common.errors import INTERNAL_ERROR, BadInput, DrafterOpsError
+from registry.naming import use_default_store
 
 
 class _Parser(argparse.ArgumentParser):
@@ -53,30 +53,6 @@ def write_traceback(name: str, text: str) -> Path | None:
 NOT_GIVEN = ("", "none", "None", "auto")
 
 
-MAX_ROUNDS = 100  # served timing rounds: past this a measurement is hours, not a better figure
-MAX_CONCURRENCY = 64  # requests in flight a served measurement keeps
-
-
-def integer(value: str, name: str, low: int = 0, high: int | None = None) -> int:
-    """A whole-number parameter (`--name`) in [low, high]; anything else (2.7, nan, inf, words) is bad input
-    naming it, never silently rounded."""
-    try:
-        out = int(value)
-    except (TypeError, ValueError):
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            number = float("nan")
-        if not number.is_integer():
-            raise BadInput(f"--{name} must be a whole number, got {value!r}") from None
-        out = int(number)
-    if out < low:
-        raise BadInput(f"--{name} must be >= {low}, got {value!r}")
-    if high is not None and out > high:
-        raise BadInput(f"--{name} must be <= {high}, got {value!r}")
-    return out
-
-
 def none_if_empty(value: str | None) -> str | None:
     """MLproject parameters cannot be absent: the words `auto` (worked out by the step) and `none`
     (not used) stand for 'not given', so that no run shows an empty parameter."""
@@ -85,7 +61,7 @@ def none_if_empty(value: str | None) -> str | None:
 
 def configure_mlflow() -> None:
     """The embedded default store unless the user points MLFLOW_TRACKING_URI elsewhere."""
-    os.environ.setdefault("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
+    use_default_store()
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # not for a few small files
     for name in ("mlflow", "alembic", "urllib3"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -257,13 +233,14 @@ def _same(a: str, b: str) -> bool:
 
 def log_figure(fig, artifact_file: str) -> None:
     """`mlflow.log_figure`, then the figure closed: pyplot keeps every figure it made until it is closed."""
-    import matplotlib.pyplot as plt
     import mlflow
+
+    from reports.plotting import pyplot
 
     try:
         mlflow.log_figure(fig, artifact_file)
     finally:
-        plt.close(fig)
+        pyplot().close(fig)
 
 
 def log_params(effective: dict[str, object]) -> None:

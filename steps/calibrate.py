@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import shlex
 import sys
 import time
 from pathlib import Path
 
-from drafter.errors import BadInput, InternalError
+from common.errors import BadInput, InternalError
+from common.paths import MINIWORLD
 from steps._cli import (
-    MAX_CONCURRENCY,
-    MAX_ROUNDS,
-    integer,
     log_figure,
     log_params,
     none_if_empty,
@@ -29,7 +26,7 @@ from steps._cli import (
     run_step,
     step_run,
 )
-from steps.import_drafter import MINIWORLD
+from steps._inputs import MAX_CONCURRENCY, MAX_ROUNDS, integer, integers, require_fit, resolve_model
 
 DEFAULT_PROMPTS = MINIWORLD.parent / "miniworld" / "prompts" / "k2.5-val.jsonl"
 
@@ -61,18 +58,6 @@ def build() -> argparse.ArgumentParser:
     return p
 
 
-def int_list(value: str, name: str) -> list[int]:
-    try:
-        items = [float(x) for x in value.split(",") if x.strip()]
-    except ValueError:
-        raise BadInput(f"--{name} must be comma-separated whole numbers, got {value!r}") from None
-    if not items or any(not math.isfinite(x) or x != int(x) or not 1 <= x <= MAX_CONCURRENCY for x in items):
-        raise BadInput(f"--{name} must be whole numbers from 1 to {MAX_CONCURRENCY}, got {value!r}")
-    if len(set(items)) != len(items):
-        raise BadInput(f"--{name} repeats a value: {value!r}")
-    return sorted(int(x) for x in items)
-
-
 def parse_shares(value: str, loads: list[int]) -> dict[int, float]:
     if not none_if_empty(value):
         return {c: 1 / len(loads) for c in loads}
@@ -86,9 +71,9 @@ def parse_shares(value: str, loads: list[int]) -> dict[int, float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from drafter.cost import load_profile, profile_path
+    from serving.profile import load_profile, profile_path
 
-    loads = int_list(args.concurrency, "concurrency")
+    loads = integers(args.concurrency, "concurrency", 1, MAX_CONCURRENCY)
     shares = parse_shares(args.shares, loads)
     limit = integer(args.limit, "limit", 1)
     max_new = integer(args.max_new_tokens, "max_new_tokens", 2)
@@ -118,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
 
 def encode(args, limit: int, max_new: int):
     """The prompts as token ids (as evaluate sends them), the prompt file's digest, and the request settings."""
+    from common.prompt_files import file_digest, read_prompts
     from drafter.evaluation import encode_prompts, stop_token, target_tokenizer
-    from drafter.prompts import file_digest, read_prompts
     from engines.vllm import Settings
 
     path = Path(args.prompts)
@@ -151,16 +136,11 @@ def time_launched(args, prompts, loads, s):
     import tempfile
 
     from drafter.checkpoint import load_config
-    from drafter.compat import check_compat, drafter_facts, passed, target_facts
     from engines import calibration, environment, export
-    from steps.evaluate import resolve
 
-    depths = int_list(args.draft_steps, "draft_steps")
-    folder, mv = resolve(args.drafter)
-    checks = check_compat(drafter_facts(folder), target_facts(args.target))
-    if not passed(checks):
-        bad = "; ".join(f"{c.name}: expected {c.expected}, got {c.actual}" for c in checks if c.ok is False)
-        raise BadInput(f"drafter {args.drafter} does not fit target {args.target}: {bad}")
+    depths = integers(args.draft_steps, "draft_steps", 1, MAX_CONCURRENCY)
+    folder, mv = resolve_model(args.drafter)
+    require_fit(folder, args.target, f"drafter {args.drafter} does not fit target {args.target}")
     python = environment.find_python("vllm", none_if_empty(args.engine_python))
     version = environment.engine_version(python)
     workdir = Path(tempfile.mkdtemp(prefix="drafterops-calibrate-"))
@@ -198,7 +178,7 @@ def time_endpoints(args, endpoints, plain_url, prompts, loads, s):
     from engines import calibration, vllm
 
     vllm.check_endpoint(plain_url, spec=False)
-    given = int_list(args.draft_steps, "draft_steps") if none_if_empty(args.draft_steps) else []
+    given = integers(args.draft_steps, "draft_steps", 1, MAX_CONCURRENCY) if none_if_empty(args.draft_steps) else []
     if given and len(given) != len(endpoints):
         given = []
     depths = {}
@@ -255,9 +235,9 @@ def write_and_log(args, out, source, loads, shares, plain, spec, measured, promp
     import mlflow
     import yaml
 
-    from drafter import calibration_report as report
-    from drafter.cost import load_profile
-    from drafter.cycle_model import primary, recommend_depth
+    from reports import calibration as report
+    from serving.cycle_model import primary, recommend_depth
+    from serving.profile import load_profile
 
     depths = sorted(spec)
     ops = report.operating_points(

@@ -4,13 +4,16 @@ the target), projected onto a deployment profile; tags the registry version with
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from drafter.compat import check_compat, drafter_facts, passed, target_facts
-from drafter.cost import BOUNDS, break_even_accept_len, load_profile
-from drafter.errors import BadInput, InternalError
-from drafter.operating_report import depth_sentences, operating_metrics, served_vs_predicted
-from drafter.workload_report import (
+from common.errors import BadInput
+from common.paths import MINIWORLD
+from registry import evidence
+from reports.acceptance import acceptance_figure, break_even_figure
+from reports.operating import depth_sentences, operating_metrics, served_vs_predicted
+from reports.workload import (
     MeasuredClass,
     by_class,
     class_markdown,
@@ -20,19 +23,13 @@ from drafter.workload_report import (
     figure_metrics,
     workload_figures,
 )
-from registry import evidence
-from steps._cli import (
-    MAX_CONCURRENCY,
-    MAX_ROUNDS,
-    integer,
-    log_figure,
-    log_params,
-    none_if_empty,
-    parser,
-    run_step,
-    step_run,
-)
-from steps.import_drafter import MINIWORLD
+from serving.cost import break_even_accept_len
+from serving.profile import BOUNDS, Profile, load_profile
+from steps._cli import log_figure, log_params, none_if_empty, parser, run_step, step_run
+from steps._inputs import MAX_CONCURRENCY, MAX_ROUNDS, integer, number, require_fit, resolve_model
+
+if TYPE_CHECKING:
+    from engines.protocol import Engine, Measurement
 
 
 def build() -> argparse.ArgumentParser:
@@ -93,233 +90,287 @@ def build() -> argparse.ArgumentParser:
     return p
 
 
-def _num(value: str, name: str) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise BadInput(f"--{name} must be a number, got {value!r}") from None
+@dataclass(frozen=True)
+class Request:
+    """An evaluation as asked, every argument checked: what to measure, on which prompts, under which
+    profile, and on which engine."""
+
+    args: argparse.Namespace
+    profile: Profile  # as named: evidence is bound to it
+    deployment: Profile  # at the measured depth: the operating points the depth sentences read
+    binding: Profile  # the operating point with the highest break-even: the figures are projected on it
+    k: int
+    temperature: float
+    max_new: int
+    limit: int
+    seed: int
+    data: str | None
+    classes: list[MeasuredClass]
+    scope: str
+    engine: str
+    endpoint: str | None
+    served: tuple[int, int, float, float, list[int] | None] | None  # engine_settings, for a serving engine
+
+    @property
+    def records(self) -> list[dict] | None:
+        return [r for c in self.classes for r in c.records] or None
+
+    @property
+    def reference(self) -> bool:
+        """The project's decoder runs too: as the engine, or as the reference a served figure must agree with."""
+        return self.args.reference == "in-process" or self.engine == "in-process"
 
 
-def resolve(model: str):
-    """(drafter folder, ModelVersion or None)."""
-    if model.startswith("models:/"):
-        from registry import store
+@dataclass
+class Evaluation:
+    """What was measured: the drafter and its version, the figures, and the measurements they came from."""
 
-        mv = store.get_version(model)
-        return store.download_version(f"models:/{mv.name}/{mv.version}").folder, mv
-    from registry.resolve import resolve_drafter
-
-    return resolve_drafter(model).folder, None
+    folder: Path
+    mv: Any
+    name: str
+    metrics: dict[str, float] = field(default_factory=dict)
+    offline_acc: list[float] | None = None
+    dataset_digest: str = ""
+    measured: Measurement | None = None
+    by_class: Any = None
 
 
 def run(args: argparse.Namespace) -> int:
-    import mlflow
+    request = parse(args)
+    folder, mv = resolve_model(args.model)
+    warn_contamination(mv, request.classes)
+    require_fit(folder, args.target, f"drafter {args.model} does not fit target {args.target}")
+    evaluation = measure(request, folder, mv)
+    publish(request, evaluation)
+    report(request, evaluation)
+    return 0
 
-    from drafter.checkpoint import load_drafter
-    from drafter.evaluation import acceptance_figure, break_even_figure, evaluate_online
-    from drafter.target import load_target
 
+def parse(args: argparse.Namespace) -> Request:
+    """The arguments checked against the profile: bad input before anything is loaded."""
     profile = load_profile(args.profile)
-    k = profile.draft_steps
-    if none_if_empty(args.draft_steps):
-        k = integer(args.draft_steps, "draft_steps", 1, BOUNDS["draft_steps"])
-    temperature = _num(args.temperature, "temperature") if none_if_empty(args.temperature) else profile.eval_temperature
-    if not (0 <= temperature < float("inf")):
-        raise BadInput(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    k = integer(args.draft_steps, "draft_steps", 1, BOUNDS["draft_steps"]) if none_if_empty(args.draft_steps) else (
+        profile.draft_steps
+    )  # fmt: skip
+    temperature = (
+        number(args.temperature, "temperature", 0) if none_if_empty(args.temperature) else profile.eval_temperature
+    )
     max_new = (
         integer(args.max_new_tokens, "max_new_tokens", 1)
         if none_if_empty(args.max_new_tokens)
         else profile.eval_max_new_tokens
     )
     limit, seed = integer(args.limit, "limit"), integer(args.seed, "seed", 0, 2**32 - 1)
-    base_profile, deployment = profile, profile.with_draft_steps(k)
-    profile = deployment.binding()  # figures against the operating point with the highest break-even
-    data_dir = none_if_empty(args.data)
-    classes, scope = prompt_classes(args, base_profile, limit)
-    if not data_dir and not classes:
+    deployment = profile.with_draft_steps(k)
+    data = none_if_empty(args.data)
+    classes, scope = prompt_classes(args, profile, limit)
+    if not data and not classes:
         raise BadInput("give --prompts (online) and/or --data (offline)")
-    records = [r for c in classes for r in c.records] or None
-    folder, mv = resolve(args.model)
-    warn_contamination(mv, classes)
-    checks = check_compat(drafter_facts(folder), target_facts(args.target))
-    if not passed(checks):
-        bad = "; ".join(f"{c.name}: expected {c.expected}, got {c.actual}" for c in checks if c.ok is False)
-        raise BadInput(f"drafter {args.model} does not fit target {args.target}: {bad}")
-    engine = args.engine
-    endpoint = none_if_empty(args.endpoint)
+    engine, endpoint = args.engine, none_if_empty(args.endpoint)
     if endpoint and engine == "in-process":
         raise BadInput("--endpoint needs --engine vllm or --engine sglang")
-    reference = args.reference == "in-process" or engine == "in-process"
-    if not records and engine != "in-process":
+    if not classes and engine != "in-process":
         raise BadInput(f"--engine {engine} measures on prompts: give --prompts")
     served = engine_settings(args) if engine != "in-process" else None  # first: the reference takes minutes
-    if engine != "in-process":
-        check_engine_reachable(engine, endpoint, none_if_empty(args.engine_python))
-    target = load_target(args.target, progress=args.progress) if reference or data_dir else None
-    drafter = (
-        load_drafter(folder, embedding=target.embedding_weight.detach().float()).eval() if target is not None else None
-    )
-    metrics: dict[str, float] = {}
-    offline_acc, dataset_digest = None, ""
-    if data_dir:
-        from drafter.data import HiddenStateDataset
-        from drafter.train import check_fit, offline_stats
+    return Request(
+        args, profile, deployment, deployment.binding(), k, temperature, max_new, limit, seed, data, classes, scope,
+        engine, endpoint, served,
+    )  # fmt: skip
 
-        ds = HiddenStateDataset(data_dir)
-        check_fit(drafter.config, ds)
-        dataset_digest = ds.index.get("digest", "")
-        stats = offline_stats(drafter, ds, list(range(len(ds))), ds.target_head()[drafter.t2d].float(), k)
-        offline_acc = stats.conditional_acceptance
-        metrics["sim_accept_len"] = stats.sim_accept_len
-        metrics.update({f"offline_acc_pos_{i}": a for i, a in enumerate(offline_acc)})
-    online = None
-    if records and reference:
-        online = evaluate_online(target, drafter, records, k, max_new, temperature, seed, args.progress)
-        if online.mismatches:
-            raise InternalError(
-                f"greedy speculative output differed from the target's on {online.mismatches} "
-                "prompts: a decoding bug, not a drafter property"
-            )
-        host = host_profile()
-        metrics.update(online.metrics(profile, host))
-        if online.truncated:
-            print(f"evaluate: warning: {online.truncated} prompts were cut from the left to fit the target context")
-        if host is not None and abs(metrics["host_projection_error"]) > STALE:
-            print(
-                f"evaluate: warning: profile 'host' projects a {metrics['host_speedup_projected']:.2f}x speed-up "
-                f"here, measured {metrics['host_speedup']:.2f}x ({100 * metrics['host_projection_error']:+.0f}%): "
-                "the profile is stale; rerun `python -m bench.host_profile`"
-            )
-    run = None
-    if engine != "in-process":
-        run, agreement = serve_and_measure(
-            args, served, engine, endpoint, folder, records, k, max_new, temperature, seed, online
-        )
-        metrics.update(run.metrics())
-        metrics.update(agreement)
-        lo, hi = metrics["engine_accept_len_ci_low"], metrics["engine_accept_len_ci_high"]
-        if online is not None:
-            metrics["inprocess_accept_len"] = online.accept_len
-        metrics.update(headline(run.accept_len, lo, hi, profile))
-    metrics["break_even_accept_len"] = break_even_accept_len(profile)
-    measured = run if run is not None else online
-    by_class = None
-    if measured is not None:
-        by_class = workload_figures(classes, measured.per_prompt, profile)
-        metrics.update(figure_metrics(*by_class, profile))
-        if run is None and len(classes) > 1:  # the decoding trace gives each class its acceptance by position
-            metrics.update(class_positions(classes, online.accepted, k))
-        metrics.update(operating_metrics(deployment, metrics["accept_len"], measured.acc_pos, k))
-        if run is not None:
-            metrics["engine_delivered_share"] = run.delivered_share
-            metrics.update(
-                served_vs_predicted(deployment, k, run.accept_len, served_speedups(metrics), run.delivered_share)
-            )
-    name = f"{mv.name}/v{mv.version}" if mv is not None else Path(folder).name
-    with step_run("evaluate", run_name=f"evaluate {name.split('/')[-1]} @ {profile.name}"):
-        log_params(
-            {
-                "model": args.model,
-                "target": args.target,
-                "data": data_dir,
-                "prompts": scope,
-                "class": none_if_empty(args.traffic_class) or "none",
-                "profile": profile.name,
-                "draft_steps": k,
-                "temperature": temperature,
-                "max_new_tokens": max_new,
-                "limit": limit,
-                "engine": engine,
-                "endpoint": endpoint,
-                "reference": args.reference,
-                "concurrency": args.concurrency,
-                "rounds": args.rounds if engine == "vllm" and not endpoint else "none",  # only launched vLLM
-                "handed_aux_ids": args.handed_aux_ids,
-                "format": args.drafter_format,
-                "agreement_tolerance": args.agreement_tolerance,
-                "agreement_prompts": args.agreement_prompts,
-            }
-        )
-        if run is not None:
-            mlflow.set_tags(
-                {
-                    "engine": engine,
-                    "engine_version": run.engine_version,
-                    "engine.aux_handed": str(run.aux["handed_ids"]),
-                }
-            )
-            mlflow.log_dict(run.aux, "engine_aux_layers.json")
-            for log in run.logs:
+
+def serving_engine(request: Request) -> Engine | None:
+    """The serving engine that measures (None: the project's own decoder does): the one place the engine's
+    name is read."""
+    if request.engine == "in-process":
+        return None
+    from engines.harness import Checks, ServingEngine
+    from engines.vllm import Settings
+
+    concurrency, rounds, tolerance, agreement, handed = request.served
+    settings = Settings(k=request.k, max_new_tokens=request.max_new, concurrency=concurrency, rounds=rounds)
+    checks = Checks(tolerance, agreement, handed)
+    python = none_if_empty(request.args.engine_python)
+    return ServingEngine(request.engine, settings, checks, request.endpoint, python, request.args.drafter_format)
+
+
+def measure(request: Request, folder: Path, mv: Any) -> Evaluation:
+    """Offline acceptance on held-out states, then the prompts decoded by each engine in turn (the
+    project's own decoder first when it runs, then the serving engine held to it), projected onto the
+    profile's binding operating point."""
+    from drafter.checkpoint import load_drafter
+    from drafter.target import load_target
+    from engines.inprocess import InProcess
+    from engines.protocol import Job
+
+    args = request.args
+    out = Evaluation(folder, mv, f"{mv.name}/v{mv.version}" if mv is not None else Path(folder).name)
+    served = serving_engine(request)
+    if served is not None:
+        served.check_reachable()  # before any decoding: the in-process reference takes minutes
+    target = load_target(args.target, progress=args.progress) if request.reference or request.data else None
+    drafter = load_drafter(folder, embedding=target.embedding_weight.detach().float()).eval() if target else None
+    if request.data:
+        measure_offline(request, drafter, out)
+    if request.records:
+        job = Job(Path(folder), Path(args.target), request.records, request.k, request.max_new,
+                  request.temperature, request.seed, args.progress)  # fmt: skip
+        engines = [e for e in (InProcess(target, drafter) if request.reference else None, served) if e is not None]
+        for engine in engines:  # each held to the one before it
+            out.measured = engine.measure(job, out.measured)
+            for line in out.measured.warnings(request.binding):
+                print(f"evaluate: warning: {line}")
+        out.metrics.update(out.measured.metrics(request.binding))
+    out.metrics["break_even_accept_len"] = break_even_accept_len(request.binding)
+    if out.measured is not None:
+        measure_classes(request, out)
+    return out
+
+
+def measure_offline(request: Request, drafter: Any, out: Evaluation) -> None:
+    """Teacher-forced acceptance on a held-out hidden-state dataset (sim_accept_len, offline_acc_pos_i)."""
+    from drafter.data import HiddenStateDataset
+    from drafter.train import check_fit, offline_stats
+
+    ds = HiddenStateDataset(request.data)
+    check_fit(drafter.config, ds)
+    out.dataset_digest = ds.index.get("digest", "")
+    stats = offline_stats(drafter, ds, list(range(len(ds))), ds.target_head()[drafter.t2d].float(), request.k)
+    out.offline_acc = stats.conditional_acceptance
+    out.metrics["sim_accept_len"] = stats.sim_accept_len
+    out.metrics.update({f"offline_acc_pos_{i}": a for i, a in enumerate(out.offline_acc)})
+
+
+def measure_classes(request: Request, out: Evaluation) -> None:
+    """Each traffic class's figures, the figures at each operating point, and what the served speed-ups
+    say against the profile's prediction."""
+    m, measured, k = out.metrics, out.measured, request.k
+    out.by_class = workload_figures(request.classes, measured.per_prompt, request.binding)
+    m.update(figure_metrics(*out.by_class, request.binding))
+    if measured.accepted is not None and len(request.classes) > 1:
+        m.update(class_positions(request.classes, measured.accepted, k))  # the decoding trace has them per class
+    m.update(operating_metrics(request.deployment, m["accept_len"], measured.acc_pos, k))
+    if "engine_delivered_share" in m:
+        m.update(served_vs_predicted(
+            request.deployment, k, measured.accept_len, served_speedups(m), m["engine_delivered_share"]
+        ))  # fmt: skip
+
+
+def publish(request: Request, ev: Evaluation) -> None:
+    """The run (params, metrics, figures, the evidence record) and, for a registry version measured on the
+    profile's pinned workload, its tags and its page."""
+    import mlflow
+
+    profile, m = request.binding, ev.metrics
+    with step_run("evaluate", run_name=f"evaluate {ev.name.split('/')[-1]} @ {profile.name}"):
+        log_params(run_params(request))
+        if ev.measured is not None:
+            keep = ev.measured.artifacts()
+            if keep.get("tags"):
+                mlflow.set_tags(keep["tags"])
+            for artifact, content in keep.get("dicts", {}).items():
+                mlflow.log_dict(content, artifact)
+            for log in keep.get("logs", []):
                 if Path(log).is_file():
                     mlflow.log_artifact(log, "engine_logs")
-        model_id = link_version(mv, name, profile.name, metrics)
-        if by_class is not None and len(classes) > 1:  # the run's description shows every class too
+        model_id = link_version(ev.mv, ev.name, profile.name, m)
+        if several_classes(request, ev):  # the run's description shows every class too
             note = mlflow.get_run(mlflow.active_run().info.run_id).data.tags.get("mlflow.note.content", "")
-            mlflow.set_tag("mlflow.note.content", f"{note}\n\n{class_markdown(*by_class)}".strip())
-        mlflow.log_metrics(metrics, model_id=model_id)  # also on the version's model page
-        if online is not None or run is not None:
-            figure_source = run if run is not None else online
-            ci = (metrics["accept_len_ci_low"], metrics["accept_len_ci_high"])
-            where = f" ({run.engine_version})" if run is not None else ""
-            log_figure(
-                acceptance_figure(offline_acc, figure_source.acc_pos, f"{name}: acceptance by position{where}"),
-                "acceptance_by_position.png",
-            )
-            log_figure(
-                break_even_figure(
-                    metrics["accept_len"], ci, metrics["break_even_accept_len"], k, f"{name} on {profile.name}{where}"
-                ),
-                "accept_len_vs_break_even.png",
-            )
-            if by_class is not None and len(classes) > 1:
-                log_figure(
-                    classes_figure(*by_class, profile, f"{name} on {profile.name}{where}"), "accept_len_by_class.png"
-                )
-                mlflow.log_table(class_table(*by_class, profile), artifact_file="classes.json")
-        elif offline_acc is not None:
-            log_figure(
-                acceptance_figure(None, offline_acc, f"{name}: offline acceptance"), "acceptance_by_position.png"
-            )
-        if measured is not None and records:
-            evidence.log_record(
-                evidence_record(
-                    mv, folder, args.target, base_profile, k, scope, classes, temperature, max_new,
-                    measured, dataset_digest, metrics.get("sim_accept_len"),
-                )
-            )  # fmt: skip
-        if mv is not None and measured is not None and scope == evidence.WORKLOAD:
-            from registry import describe, naming, store
+            mlflow.set_tag("mlflow.note.content", f"{note}\n\n{class_markdown(*ev.by_class)}".strip())
+        mlflow.log_metrics(m, model_id=model_id)  # also on the version's model page
+        log_figures(request, ev)
+        if ev.measured is not None and request.records:
+            evidence.log_record(evidence_record(request, ev))
+        if ev.mv is not None and ev.measured is not None and request.scope == evidence.WORKLOAD:
+            tag_version(request, ev, mlflow.active_run().info.run_id)
 
-            c = store.client()
-            figures = {"break_even": metrics["break_even_accept_len"], "draft_steps": k}
-            for key in ("accept_len", "accept_len_ci_low", "accept_len_ci_high", "projected_tps", "sim_accept_len"):
-                if key in metrics:
-                    figures[key] = metrics[key]
-            for key, value in figures.items():
-                c.set_model_version_tag(
-                    mv.name,
-                    mv.version,
-                    naming.eval_tag(profile.name, key),
-                    repr(float(value)) if isinstance(value, float) else str(value),  # rounded where shown, never here
-                )
-            # pointers for the UI to the latest record; decisions read the records themselves
-            c.set_model_version_tag(
-                mv.name, mv.version, naming.eval_tag(profile.name, "run"), mlflow.active_run().info.run_id
+
+def several_classes(request: Request, ev: Evaluation) -> bool:
+    return ev.by_class is not None and len(request.classes) > 1
+
+
+def run_params(request: Request) -> dict[str, object]:
+    args = request.args
+    launched_vllm = request.engine == "vllm" and not request.endpoint
+    return {
+        "model": args.model,
+        "target": args.target,
+        "data": request.data,
+        "prompts": request.scope,
+        "class": none_if_empty(args.traffic_class) or "none",
+        "profile": request.binding.name,
+        "draft_steps": request.k,
+        "temperature": request.temperature,
+        "max_new_tokens": request.max_new,
+        "limit": request.limit,
+        "engine": request.engine,
+        "endpoint": request.endpoint,
+        "reference": args.reference,
+        "concurrency": args.concurrency,
+        "rounds": args.rounds if launched_vllm else "none",  # only launched vLLM times in rounds
+        "handed_aux_ids": args.handed_aux_ids,
+        "format": args.drafter_format,
+        "agreement_tolerance": args.agreement_tolerance,
+        "agreement_prompts": args.agreement_prompts,
+    }
+
+
+def log_figures(request: Request, ev: Evaluation) -> None:
+    """Acceptance by position, accept_len against break-even, and each class (with its table)."""
+    import mlflow
+
+    m, k, profile = ev.metrics, request.k, request.binding
+    if ev.measured is not None:
+        where = ev.measured.title_suffix
+        ci = (m["accept_len_ci_low"], m["accept_len_ci_high"])
+        log_figure(
+            acceptance_figure(ev.offline_acc, ev.measured.acc_pos, f"{ev.name}: acceptance by position{where}"),
+            "acceptance_by_position.png",
+        )
+        log_figure(
+            break_even_figure(
+                m["accept_len"], ci, m["break_even_accept_len"], k, f"{ev.name} on {profile.name}{where}"
+            ),
+            "accept_len_vs_break_even.png",
+        )
+        if several_classes(request, ev):
+            log_figure(
+                classes_figure(*ev.by_class, profile, f"{ev.name} on {profile.name}{where}"), "accept_len_by_class.png"
             )
-            describe.set_section(
-                c, mv.name, mv.version, f"evaluation:{profile.name}",
-                evaluation_section(
-                    profile.name, metrics, k, len(records), mlflow.active_run().info.run_id,
-                    run.engine_version if run is not None else "in-process", by_class, scope,
-                ),
-            )  # fmt: skip
-            describe.refresh_model_page(c, mv.name)  # its latest evaluation, in the every-version table
-    print(summary(name, profile.name, metrics))
-    if measured is not None:
-        print(f"evaluate: {deployment.basis()}")
-        for line in depth_sentences(deployment, metrics["accept_len"], measured.acc_pos, k):
+            mlflow.log_table(class_table(*ev.by_class, profile), artifact_file="classes.json")
+    elif ev.offline_acc is not None:
+        log_figure(
+            acceptance_figure(None, ev.offline_acc, f"{ev.name}: offline acceptance"), "acceptance_by_position.png"
+        )
+
+
+def tag_version(request: Request, ev: Evaluation, run_id: str) -> None:
+    """The version's eval tags on this profile (pointers for the UI; decisions read the records) and its page."""
+    from registry import describe, naming, store
+
+    c, mv, m, profile = store.client(), ev.mv, ev.metrics, request.binding
+    figures = {"break_even": m["break_even_accept_len"], "draft_steps": request.k}
+    for key in ("accept_len", "accept_len_ci_low", "accept_len_ci_high", "projected_tps", "sim_accept_len"):
+        if key in m:
+            figures[key] = m[key]
+    for key, value in figures.items():
+        shown = repr(float(value)) if isinstance(value, float) else str(value)  # rounded where shown, never here
+        c.set_model_version_tag(mv.name, mv.version, naming.eval_tag(profile.name, key), shown)
+    c.set_model_version_tag(mv.name, mv.version, naming.eval_tag(profile.name, "run"), run_id)
+    describe.set_section(
+        c, mv.name, mv.version, f"evaluation:{profile.name}",
+        evaluation_section(profile.name, m, request.k, len(request.records), run_id, ev.measured.display, ev.by_class,
+                           request.scope),
+    )  # fmt: skip
+    describe.refresh_model_page(c, mv.name)  # its latest evaluation, in the every-version table
+
+
+def report(request: Request, ev: Evaluation) -> None:
+    """The figures on the terminal, then the deployment's basis and the depth to serve at."""
+    print(summary(ev.name, request.binding.name, ev.metrics))
+    if ev.measured is not None:
+        print(f"evaluate: {request.deployment.basis()}")
+        for line in depth_sentences(request.deployment, ev.metrics["accept_len"], ev.measured.acc_pos, request.k):
             print(f"evaluate: recommended depth: {line}")
-    return 0
 
 
 def served_speedups(m: dict[str, float]) -> dict[int, float]:
@@ -349,30 +400,15 @@ def link_version(mv, name: str, profile: str, metrics: dict[str, float]) -> str 
     return model_id
 
 
-def check_engine_reachable(engine: str, endpoint: str | None, python: str | None) -> None:
-    """Before any decoding (the in-process reference takes minutes): a user's endpoint must be a speculative
-    vLLM server, and a launched engine needs its interpreter with the engine installed."""
-    from engines import environment, vllm
-
-    if endpoint:
-        vllm.check_endpoint(endpoint.rstrip("/"), spec=engine == "vllm")
-    else:
-        environment.engine_version(environment.find_python(engine, python), engine)
-
-
 def engine_settings(args) -> tuple[int, int, float, float, list[int] | None]:
     """The serving-engine settings, each checked (finite, in range): concurrency, rounds, agreement
     tolerance, share of prompts that must agree, aux ids handed as they are (None: translated)."""
     concurrency = integer(args.concurrency, "concurrency", 1, MAX_CONCURRENCY)
     rounds = integer(args.rounds, "rounds", 1, MAX_ROUNDS)
-    tolerance, agreement = (
-        _num(args.agreement_tolerance, "agreement_tolerance"),
-        _num(args.agreement_prompts, "agreement_prompts"),
-    )
-    if not 0 <= tolerance < 1:
+    tolerance = number(args.agreement_tolerance, "agreement_tolerance", 0, 1, "a number in [0, 1)")
+    if tolerance == 1:
         raise BadInput(f"--agreement_tolerance must be a number in [0, 1), got {args.agreement_tolerance!r}")
-    if not 0 <= agreement <= 1:
-        raise BadInput(f"--agreement_prompts must be a share in [0, 1], got {args.agreement_prompts!r}")
+    agreement = number(args.agreement_prompts, "agreement_prompts", 0, 1, "a share in [0, 1]")
     handed = None
     if none_if_empty(args.handed_aux_ids):
         try:
@@ -380,43 +416,6 @@ def engine_settings(args) -> tuple[int, int, float, float, list[int] | None]:
         except ValueError:
             raise BadInput(f"--handed_aux_ids must be comma-separated integers, got {args.handed_aux_ids!r}") from None
     return concurrency, rounds, tolerance, agreement, handed
-
-
-def serve_and_measure(args, served, engine, endpoint, folder, records, k, max_new, temperature, seed, online):
-    """The drafter on a serving engine (`served`: engine_settings), checked against the project's own decoding
-    when it ran."""
-    from drafter.evaluation import encode_prompts, stop_token, target_tokenizer
-    from engines import harness
-    from engines.vllm import Settings
-
-    concurrency, rounds, tolerance, agreement, handed = served
-    tokenizer, context = target_tokenizer(args.target)
-    prompts, _ = encode_prompts(tokenizer, records, context, max_new, k)
-    settings = Settings(
-        k=k, max_new_tokens=max_new, temperature=temperature, seed=seed, stop_token_id=stop_token(tokenizer),
-        concurrency=concurrency, max_model_len=context, rounds=rounds,
-    )  # fmt: skip
-    return harness.measure_checked(
-        engine, Path(folder), Path(args.target), [p.tolist() for p in prompts], settings,
-        reference=(online.outputs, online.per_prompt) if online is not None else None,
-        tolerance=tolerance, min_prompts=agreement,
-        python=none_if_empty(args.engine_python), endpoint=endpoint, handed_ids=handed, progress=args.progress,
-        fmt=args.drafter_format,
-    )  # fmt: skip
-
-
-def headline(accept_len: float, lo: float, hi: float, profile) -> dict[str, float]:
-    """The figures a decision and the version page read, from the engine's measurement."""
-    from drafter.cost import projected_tps
-
-    tps = projected_tps(accept_len, profile)
-    return {
-        "accept_len": accept_len,
-        "accept_len_ci_low": lo,
-        "accept_len_ci_high": hi,
-        "projected_tps": tps,
-        "projected_speedup": tps / profile.baseline_tps,
-    }
 
 
 def evaluation_section(
@@ -444,7 +443,7 @@ def evaluation_section(
 def prompt_classes(args: argparse.Namespace, profile, limit: int) -> tuple[list[MeasuredClass], str]:
     """(classes to decode, scope): the profile's pinned workload by default; one class of it with
     --class; a file of the user's with --prompts (measured, never evidence)."""
-    from drafter.prompts import file_digest, read_prompts
+    from common.prompt_files import file_digest, read_prompts
 
     chosen, name = none_if_empty(args.prompts), none_if_empty(args.traffic_class)
     if args.prompts in ("none", ""):
@@ -452,7 +451,7 @@ def prompt_classes(args: argparse.Namespace, profile, limit: int) -> tuple[list[
     if chosen and name:
         raise BadInput("give --class (one of the profile's traffic classes) or --prompts (a file), not both")
     if chosen:
-        from drafter.workload import prompt_key
+        from serving.workload import prompt_key
 
         path = Path(chosen)
         records = read_prompts(path, limit or None)
@@ -481,8 +480,8 @@ def warn_contamination(mv, classes: list[MeasuredClass]) -> None:
     """Say at once when the version (or a version it descends from) was trained on these prompts."""
     if mv is None or not classes:
         return
-    from drafter.workload import prompt_key
     from registry import lineage, store
+    from serving.workload import prompt_key
 
     trained = lineage.training_prompt_keys(store.client(), mv)
     for c in classes:
@@ -494,56 +493,41 @@ def warn_contamination(mv, classes: list[MeasuredClass]) -> None:
             )
 
 
-STALE = 0.10  # a host profile that mis-projects what this host measures by more than this is stale
-
-
-def host_profile():
-    """This host's measured profile (configs/profiles/host.yaml), if there is one."""
-    from drafter.cost import PROFILE_DIR
-
-    return load_profile("host") if (PROFILE_DIR / "host.yaml").is_file() else None
-
-
-def evidence_record(
-    mv, folder, target, profile, k, scope, classes, temperature, max_new, measured, dataset_digest, sim_accept_len
-):
+def evidence_record(request: Request, ev: Evaluation):
     """The whole evaluation as evidence: what was measured, on what, under which conditions."""
-    import torch
-    import transformers
-
     from drafter.fingerprint import target_digest
-    from drafter.workload import prompt_key
     from registry import store
     from registry.evidence import ClassCounts, EvidenceRecord
+    from serving.workload import prompt_key
 
-    in_process_version = f"torch {torch.__version__}, transformers {transformers.__version__}"
+    measured, mv, profile = ev.measured, ev.mv, request.profile
     counts = [
         ClassCounts(c.name, c.share, c.sha256, [prompt_key(r) for r in c.records], per)
-        for c, per in by_class(classes, measured.per_prompt)
+        for c, per in by_class(request.classes, measured.per_prompt)
     ]
     return EvidenceRecord(
         model=mv.name if mv is not None else "",
         version=str(mv.version) if mv is not None else "",
-        drafter_files=store.drafter_files(folder),
-        weights_sha256=store.weights_sha256(store.file_hashes(folder)),
+        drafter_files=store.drafter_files(ev.folder),
+        weights_sha256=store.weights_sha256(store.file_hashes(ev.folder)),
         profile=profile.name,
         profile_digest=profile.digest,
         profile_values=profile.values(),
-        draft_steps=k,
-        target=str(target),
-        target_digest=target_digest(target),
-        temperature=temperature,
-        max_new_tokens=max_new,
-        engine=getattr(measured, "engine", "in-process"),
-        engine_version=getattr(measured, "engine_version", None) or in_process_version,
+        draft_steps=request.k,
+        target=str(request.args.target),
+        target_digest=target_digest(request.args.target),
+        temperature=request.temperature,
+        max_new_tokens=request.max_new,
+        engine=measured.engine,
+        engine_version=measured.engine_version,
         classes=counts,
-        scope=scope,
-        dataset_digest=dataset_digest,
-        sim_accept_len=sim_accept_len,
-        aux_layers=getattr(measured, "aux", None) or None,
+        scope=request.scope,
+        dataset_digest=ev.dataset_digest,
+        sim_accept_len=ev.metrics.get("sim_accept_len"),
+        aux_layers=measured.aux or None,
         acc_pos=[float(a) for a in measured.acc_pos],
-        endpoint=getattr(measured, "endpoint", ""),
-        drafter_attested=getattr(measured, "attested", True),
+        endpoint=measured.endpoint,
+        drafter_attested=measured.attested,
     )
 
 

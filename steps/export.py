@@ -13,8 +13,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from drafter.errors import BadInput
+from common.errors import BadInput
 from steps._cli import log_params, none_if_empty, parser, run_step, step_run
+from steps._inputs import draft_depth, require_fit
 
 SERVING = ("production", "staging")
 
@@ -36,7 +37,7 @@ def build() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     import mlflow
 
-    from drafter.compat import check_compat, drafter_facts, passed, target_facts
+    from drafter.compat import target_facts
     from engines import export
     from engines.vllm import Settings
     from registry import naming, sanction, store
@@ -65,13 +66,10 @@ def run(args: argparse.Namespace) -> int:
     target = none_if_empty(args.target) or c.get_registered_model(mv.name).tags.get(naming.MODEL_TAG_TARGET)
     if not target:
         raise BadInput(f"registered model {mv.name!r} names no target: give --target")
-    checks = check_compat(drafter_facts(folder), target_facts(target))
-    if not passed(checks):
-        bad = "; ".join(f"{x.name}: expected {x.expected}, got {x.actual}" for x in checks if x.ok is False)
-        raise BadInput(f"models:/{mv.name}/{mv.version} has no shape-gate pass against {target}: {bad}")
+    require_fit(folder, target, f"models:/{mv.name}/{mv.version} has no shape-gate pass against {target}")
     evidence_run, decided_k = decision_of(c, mv.name, aliases)
     if none_if_empty(args.draft_steps):
-        k = depth(args.draft_steps)
+        k = draft_depth(args.draft_steps)
     elif decided_k:
         k = decided_k
     else:
@@ -112,17 +110,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"export: models:/{mv.name}/{mv.version} ({', '.join(aliases) or 'no serving alias'}) for {args.engine} "
           f"at k={k} -> {out}\n  serve it: {out / 'serve.sh'}")  # fmt: skip
     return 0
-
-
-def depth(value: str) -> int:
-    """A draft depth: a whole number from 1 to 64 (2.7, nan, inf and 1e9 are bad input, not rounded)."""
-    try:
-        number = float(value)
-    except ValueError:
-        number = float("nan")
-    if not (1 <= number <= 64) or number != int(number):
-        raise BadInput(f"--draft_steps must be a whole number from 1 to 64, got {value!r}")
-    return int(number)
 
 
 def decision_of(c, name: str, aliases: list[str]) -> tuple[str, int | None]:

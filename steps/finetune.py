@@ -13,11 +13,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from drafter.errors import BadInput
+from common.errors import BadInput
+from common.paths import MINIWORLD
 from drafter.memory_plan import GIB
 from drafter.train import TrainConfig
-from steps._cli import integer, log_params, none_if_empty, parser, run_step, step_run
-from steps.import_drafter import MINIWORLD
+from steps._cli import log_params, none_if_empty, parser, run_step, step_run
+from steps._inputs import integer
 from tuning.outcome import counted_trials, finish, verdict
 from tuning.space import DEFAULT_BASELINE, DEFAULT_SPACE
 
@@ -93,10 +94,10 @@ def run(args: argparse.Namespace) -> int:
     import mlflow
     import optuna
 
-    from drafter.cost import load_profile
     from drafter.data import HiddenStateDataset, split_indices
     from drafter.train import TrainingDiverged, ensure_distributed, is_rank0, load_ds_config, micro_batch
     from registry import naming
+    from serving.profile import load_profile
     from tuning import memory
     from tuning import study as studies
     from tuning.ranks import follow_trials, lead_trials

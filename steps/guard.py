@@ -21,7 +21,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from drafter.errors import BadInput
+from common.errors import BadInput
 from registry.naming import tracking_uri
 from steps._cli import parser, run_step
 

@@ -7,14 +7,14 @@ import re
 import tempfile
 from pathlib import Path
 
+from common.errors import BadInput
+from common.paths import MINIWORLD
 from drafter.checkpoint import header_problems, load_config, read_header
-from drafter.errors import BadInput
 from drafter.speculators_format import is_speculators, verifier_of
 from registry import naming
 from registry.resolve import HUB_DRAFTER_FILES, parse_hub_ref
 from steps._cli import log_params, none_if_empty, parser, run_step, step_run
 
-MINIWORLD = Path(__file__).resolve().parent.parent / "miniworld"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
 
 

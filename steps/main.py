@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from drafter.errors import INTERNAL_ERROR, BadInput, DrafterOpsError, GateRefused
+from common.errors import INTERNAL_ERROR, BadInput, DrafterOpsError, GateRefused
+from common.paths import MINIWORLD
 from steps._cli import log_figure, log_params, parser, run_link, run_step, step_run
-from steps.import_drafter import MINIWORLD
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -142,8 +142,8 @@ def run(args: argparse.Namespace) -> int:
     import mlflow
     import pandas as pd
 
-    from drafter.cost import load_profile
     from registry import naming, store
+    from serving.profile import load_profile
 
     target = str(MINIWORLD / "k2.5-mini")
     source = str(MINIWORLD / "aq-mini-eagle3")
@@ -289,7 +289,7 @@ def calibrated_lines(p: Pipeline, work: Path, wanted: str, results, k: int) -> l
     """Calibrate this machine's vLLM deployment and say what it predicts for each drafter's accept_len."""
     if not engine_ready(wanted):
         return []
-    from drafter.cost import load_profile
+    from serving.profile import load_profile
 
     out = work / "profiles" / "host-vllm.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -308,7 +308,7 @@ def calibrated_lines(p: Pipeline, work: Path, wanted: str, results, k: int) -> l
 
 
 def comparison_figure(results: dict[str, tuple[str, dict[str, float]]], profile: str):
-    from drafter.evaluation import drafters_figure
+    from reports.acceptance import drafters_figure
 
     rows = [
         (f"{label} v{version}", m["accept_len"], m["accept_len_ci_low"], m["accept_len_ci_high"])

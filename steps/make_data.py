@@ -6,12 +6,12 @@ import argparse
 import time
 from pathlib import Path
 
+from common.errors import BadInput
+from common.prompt_files import file_digest, read_prompts
 from drafter.capture import bytes_per_token, capture, plan_capture
 from drafter.data import preflight
-from drafter.errors import BadInput
-from drafter.prompts import file_digest, read_prompts
 from drafter.target import load_target
-from drafter.workload import prompt_key
+from serving.workload import prompt_key
 from steps._cli import log_params, none_if_empty, parser, run_step, step_run
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from drafter.cost import Profile, break_even_accept_len, load_profile, plan_table
-from drafter.errors import BadInput
+from common.errors import BadInput
+from serving.cost import break_even_accept_len, plan_table
+from serving.profile import Profile, load_profile
 from steps._cli import log_params, none_if_empty, parser, run_step, step_run
 
 DEFAULT_TPS = "82,100,150,200"

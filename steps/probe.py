@@ -9,9 +9,10 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from drafter.errors import BadInput
-from steps._cli import integer, log_figure, log_params, none_if_empty, parser, run_step, step_run
-from steps.import_drafter import MINIWORLD
+from common.errors import BadInput
+from common.paths import MINIWORLD
+from steps._cli import log_figure, log_params, none_if_empty, parser, run_step, step_run
+from steps._inputs import integer, resolve_model
 
 
 def build() -> argparse.ArgumentParser:
@@ -32,14 +33,15 @@ def build() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     import mlflow
 
+    from common.prompt_files import read_prompts
     from drafter.capture import capture_records
     from drafter.checkpoint import load_drafter
-    from drafter.cost import break_even_accept_len, load_profile
     from drafter.data import HiddenStateDataset
-    from drafter.probe import compare, figure, verdict
-    from drafter.prompts import read_prompts
+    from drafter.probe import compare, verdict
     from drafter.train import attach_target_embedding, check_fit, offline_stats
-    from steps.evaluate import resolve
+    from reports.probe import figure
+    from serving.cost import break_even_accept_len
+    from serving.profile import load_profile
 
     limit, max_len = integer(args.limit, "limit"), integer(args.max_len, "max_len", 2)
     profile = load_profile(args.profile)
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         args.prompts = f"class:{traffic_class}"
     else:
         records = read_prompts(args.prompts, limit or None)
-    folder, mv = resolve(args.drafter)
+    folder, mv = resolve_model(args.drafter)
     drafter = load_drafter(folder)
     layers = list(drafter.config.aux_layer_ids)
     zero_shot, datasets = {}, {}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from drafter.cost import load_profile
-from drafter.errors import BadInput
+from common.errors import BadInput
+from serving.profile import load_profile
 from steps._cli import log_params, parser, run_step, step_run
 
 
@@ -145,7 +145,7 @@ def verdict(version: str, stage: str, decision, ev) -> str:
 
 def recommended_depth(profile, ev) -> str:
     """The depth to serve the version at on each operating point, from the deciding record's acceptance."""
-    from drafter.operating_report import depth_sentences
+    from reports.operating import depth_sentences
 
     if ev.accept_len is None:
         return ""

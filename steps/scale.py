@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from drafter.errors import BadInput
+from common.errors import BadInput
+from common.paths import MINIWORLD
 from steps._cli import log_figure, log_params, none_if_empty, parser, run_step, step_run
-from steps.import_drafter import MINIWORLD
+from steps._inputs import integers
 from tuning.space import DEFAULT_BASELINE
 
 
@@ -33,16 +34,6 @@ def build() -> argparse.ArgumentParser:
     return p
 
 
-def _ints(text: str, name: str, low: int) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise BadInput(f"--{name} must be comma-separated integers, got {text!r}") from None
-    if not values or min(values) < low:
-        raise BadInput(f"--{name} needs values >= {low}, got {text!r}")
-    return sorted(set(values))
-
-
 def class_validation(profile, name: str | None, dataset, args: argparse.Namespace):
     """The validation set of one traffic class: its pinned prompts through the dataset's own target (kept
     under the working folder, keyed by the class's digest, so a rerun reuses it)."""
@@ -62,17 +53,18 @@ def run(args: argparse.Namespace) -> int:
     import mlflow
     import pandas as pd
 
-    from drafter.cost import break_even_accept_len, load_profile, plan_table
     from drafter.data import HiddenStateDataset
-    from drafter.scaling import estimate, generation_hours, storage_gib
-    from drafter.scaling_report import figure, headline, rows, sig, warnings_for
-    from drafter.scaling_report import table as table_text
     from drafter.train import TrainConfig
+    from reports.scaling import figure, headline, rows, sig, warnings_for
+    from reports.scaling import table as table_text
+    from serving.cost import break_even_accept_len, plan_table
+    from serving.profile import load_profile
+    from serving.scaling import estimate, generation_hours, storage_gib
     from tuning.ladder import run_point
     from tuning.register import prepare_init
     from tuning.space import load_settings
 
-    sizes, seeds = _ints(args.sizes, "sizes", 1), _ints(args.seeds, "seeds", 0)
+    sizes, seeds = integers(args.sizes, "sizes", 1, repeats=True), integers(args.seeds, "seeds", 0, repeats=True)
     if len(sizes) < 3:
         raise BadInput("--sizes needs at least 3 rungs for a saturating fit")
     try:
@@ -187,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
 def half_ladder_check(points, sizes: list[int], ceiling: float) -> dict[str, float]:
     """How well the curve fitted on the smaller half of the ladder predicts the largest rung (needs 6+
     rungs): `<start>_half_fit_at_largest` against `<start>_measured_at_largest`."""
-    from drafter.scaling import fit
+    from serving.scaling import fit
 
     if len(sizes) < 6:
         return {}

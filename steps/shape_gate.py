@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from common.paths import MINIWORLD
 from drafter.compat import Check, check_compat, compare_drafters, drafter_facts, target_facts, verdict
 from steps._cli import log_params, none_if_empty, parser, run_step, step_run
-from steps.import_drafter import MINIWORLD
 
 
 def build() -> argparse.ArgumentParser:

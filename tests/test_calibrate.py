@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from drafter import calibration_report as report
-from drafter.cost import break_even_accept_len, load_profile
-from drafter.cycle_model import OperatingPoint, accept_len_at_depth, fit_cycle, recommend_depth
-from drafter.errors import BadInput, InternalError
-from drafter.operating_report import operating_metrics, served_vs_predicted
+from common.errors import BadInput, InternalError
 from registry.policy import Evidence, decide
+from reports import calibration as report
+from reports.operating import operating_metrics, served_vs_predicted
+from serving.cost import break_even_accept_len
+from serving.cycle_model import OperatingPoint, accept_len_at_depth, fit_cycle, recommend_depth
+from serving.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = ROOT / "configs" / "profiles" / "host.yaml"

@@ -6,6 +6,7 @@ import torch
 from safetensors.torch import save_file
 
 from bench._common import bytes_read
+from common.errors import BadInput
 from drafter.checkpoint import (
     EMBED,
     INDEX_FILE,
@@ -15,7 +16,6 @@ from drafter.checkpoint import (
     save_drafter,
 )
 from drafter.config import DrafterConfig
-from drafter.errors import BadInput
 from tests.helpers.drafters import k2_drafter_tensors, tiny_config, tiny_drafter
 
 

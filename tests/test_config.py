@@ -2,8 +2,8 @@ import json
 
 import pytest
 
+from common.errors import BadInput
 from drafter.config import DrafterConfig, TargetConfig
-from drafter.errors import BadInput
 from tests.helpers.drafters import REFERENCE
 
 

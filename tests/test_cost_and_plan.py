@@ -4,16 +4,16 @@ from pathlib import Path
 
 import pytest
 
-from drafter.cost import (
+from common.errors import BadInput
+from serving.cost import (
     break_even_accept_len,
     expected_accept_len,
     fit_conditional_acceptance,
-    load_profile,
     plan_table,
     projected_tps,
     required_acceptance,
 )
-from drafter.errors import BadInput
+from serving.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from bench.synthetic import READER, write_random_dataset
+from common.errors import BadInput
+from common.prompt_files import read_prompts
 from drafter.capture import capture, plan_capture
 from drafter.data import (
     HiddenStateDataset,
@@ -14,8 +16,7 @@ from drafter.data import (
     iterate_batches,
     split_indices,
 )
-from drafter.errors import BadInput
-from drafter.prompts import read_prompts, tokenize_record
+from drafter.prompts import tokenize_record
 from drafter.target import load_target
 from tests.helpers.prompts import PROMPTS
 

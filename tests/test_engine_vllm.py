@@ -79,7 +79,7 @@ def test_engine_serves_each_registered_drafter_and_agrees_with_the_project(store
     assert ev["aux_layers"]["handed_ids"] == [2, 4, 5] and ev["aux_layers"]["target_layer_outputs_fed"] == [1, 3, 4]
     assert abs(m["engine_accept_len"] / m["inprocess_accept_len"] - 1) <= 0.02
     assert m["engine_accept_len"] > 1.2, "the drafter was accepted: it loaded as the drafter it is"
-    from drafter.workload import mix_accept_len
+    from serving.workload import mix_accept_len
 
     parts = [(c["share"], [tuple(p) for p in c["per_prompt"]]) for c in ev["classes"]]
     assert m["accept_len"] == pytest.approx(mix_accept_len(parts))  # the headline is the engine's traffic mix
@@ -105,7 +105,7 @@ def test_calibrate_times_real_cycles_and_the_gate_decides_at_each_operating_poin
     its cycles cost more than a plain step, and a promotion under it names both operating points."""
     from mlflow import MlflowClient
 
-    from drafter.cost import load_profile
+    from serving.profile import load_profile
 
     tmp, env = store
     out = tmp_path / "host-vllm-small.yaml"
@@ -162,8 +162,8 @@ def test_a_speculators_folder_without_norm_before_residual_is_caught(store, vllm
     """The key matters (vLLM reads a missing one as true) and the agreement check sees it: a fault, not a figure."""
     from transformers import AutoTokenizer
 
+    from common.errors import InternalError
     from drafter.checkpoint import load_drafter
-    from drafter.errors import InternalError
     from drafter.evaluation import encode_prompts, evaluate_online, stop_token
     from drafter.target import load_target
     from engines import export, harness
@@ -197,7 +197,7 @@ def test_a_speculators_folder_without_norm_before_residual_is_caught(store, vllm
 
 
 def load_profile_records() -> list[dict]:
-    from drafter.cost import load_profile
+    from serving.profile import load_profile
 
     return load_profile("kimi-k2.5-8xrtxpro6000").traffic_class("code").records()[:8]
 

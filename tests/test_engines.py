@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.errors import BadInput, InternalError
 from drafter import aux_layers
 from drafter.checkpoint import export_drafter, load_config, read_header, save_drafter
-from drafter.errors import BadInput, InternalError
 from engines import environment, sglang, vllm
 from engines.measurement import EngineRun
 from engines.server import ManagedServer, free_port

@@ -59,10 +59,10 @@ def _refused(res, why: str) -> None:
 def _forge(tmp: Path, version: str, target: Path, sign_with=None, per_prompt=None, sign: bool = True) -> str:
     """A run made by hand with the genuine tags and a record written offline: every identity in it
     (profile digest, pinned prompts, drafter files, target digest) is computable by anyone."""
-    from drafter.cost import load_profile
     from drafter.fingerprint import target_digest
     from registry import signing, store
     from registry.evidence import EVIDENCE_FILE, TAG, ClassCounts, EvidenceRecord, pinned_keys
+    from serving.profile import load_profile
 
     profile = load_profile(str(tmp / "lenient.yaml"))
     c = _client(tmp)
@@ -107,7 +107,7 @@ def test_chosen_forged_and_impossible_records_are_refused_then_the_honest_one_pr
     _evaluate(tmp, "2", "lenient.yaml", "--prompts", str(tmp / "copies.jsonl"), target=target)
     _refused(_promote(tmp, "2"), "measured on prompts copies.jsonl only, not on the profile's whole workload")
     # the same copies pinned by a profile: refused as bad input, naming the file
-    from drafter.prompts import file_digest
+    from common.prompt_files import file_digest
 
     (tmp / "dup.yaml").write_text(
         (tmp / "lenient.yaml").read_text().replace("many.jsonl", "copies.jsonl").replace(
@@ -192,8 +192,8 @@ def test_deleting_or_failing_the_unfavourable_record_withdraws_nothing(store):
 def candidate_store(small_main_job, tmp_path_factory):
     """A copy of the fast tier's main job's store (its fine-tuned candidate, trained on k2.5-train), with profiles
     whose break-even (0.3) it beats: one pinned to the workload, one pinned to its own training prompts."""
-    from drafter.cost import load_profile
-    from drafter.prompts import file_digest
+    from common.prompt_files import file_digest
+    from serving.profile import load_profile
 
     src, ran = small_main_job
     assert ran.returncode == 0, ran.stderr[-3000:]  # the main job itself worked: what follows is about evidence

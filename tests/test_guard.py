@@ -74,7 +74,7 @@ def test_unsanctioned_alias_moves_are_reverted(tiny_targets, tmp_path):
         assert wait_for(lambda: bool(reverts())), "the revert was not audited"
         assert reverts()[0].data.tags["attempted"] == "1"
         # 2. promote's move stays
-        from drafter.prompts import file_digest
+        from common.prompt_files import file_digest
 
         (tmp_path / "p.jsonl").write_text('{"text": "The quick brown fox"}\n')
         (tmp_path / "lenient.yaml").write_text(
@@ -155,8 +155,8 @@ NAME = "k25-tiny-eagle3"
 def promoted(tiny_targets, tmp_path):
     """A SQLite store (no server, no guard): v1 then v2 promoted to production by `promote`, each on its
     honest evaluation on a pinned prompt; v3 imported, never evaluated."""
+    from common.prompt_files import file_digest
     from drafter.checkpoint import save_drafter
-    from drafter.prompts import file_digest
     from tests.helpers.steps import run_step
 
     _, wrapped = tiny_targets

@@ -60,7 +60,7 @@ def test_the_plan_grows_with_what_the_settings_allow_and_suggests_a_stage_that_f
 
 
 def test_the_worst_case_takes_fixed_values_and_the_top_of_the_space_and_refuses_nonsense():
-    from drafter.errors import BadInput
+    from common.errors import BadInput
     from drafter.train import TrainConfig
     from tuning.memory import worst_case
 

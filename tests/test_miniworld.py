@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.prompt_files import read_prompts
 from drafter.checkpoint import load_drafter, read_header
 from drafter.config import TargetConfig
-from drafter.prompts import read_prompts
 from drafter.target import load_target
 
 MW = Path(__file__).resolve().parents[1] / "miniworld"

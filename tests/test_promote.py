@@ -203,8 +203,8 @@ def test_production_alias_on_a_deleted_version_is_handled(evaluated):
 def test_evidence_matching_is_by_values_not_names(tmp_path):
     from dataclasses import replace
 
-    from drafter.cost import load_profile
     from registry.evidence import ClassCounts, EvidenceRecord, mismatches, pinned_keys
+    from serving.profile import load_profile
 
     write_profiles(tmp_path)
     real = load_profile(str(tmp_path / "strict.yaml"))

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from common.errors import BadInput
 from drafter.checkpoint import load_drafter, save_drafter
-from drafter.errors import BadInput
 from tests.helpers.drafters import tiny_drafter
 
 HEAD_DIM, MAX_POS = 8, 256

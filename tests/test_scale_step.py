@@ -4,7 +4,7 @@ for break-even (or why not)."""
 
 import mlflow
 
-from steps.import_drafter import MINIWORLD
+from common.paths import MINIWORLD
 from tests.helpers.steps import run_step
 from tests.helpers.stores import project_runs
 

@@ -4,7 +4,7 @@ ceiling is reported as not reachable."""
 import numpy as np
 import pytest
 
-from drafter.scaling import Curve, estimate, fit, generation_hours, storage_gib
+from serving.scaling import Curve, estimate, fit, generation_hours, storage_gib
 
 TRUE = Curve(a=2.6, b=3.0, c=0.5)
 SIZES = np.repeat([10, 20, 40, 80, 160, 320], 3)  # a ladder, three seeds per size
@@ -45,7 +45,7 @@ def test_report_rounds_to_two_figures_warns_far_beyond_the_ladder_and_collapses_
     rounded (never sliced), flagged, and the rows out of reach read as one."""
     from types import SimpleNamespace
 
-    from drafter.scaling_report import headline, rows, sig, table, warnings_for
+    from reports.scaling import headline, rows, sig, table, warnings_for
 
     assert [sig(39_542_884), sig(14989.32), sig(1.336), sig(0.01234), sig(0.0)] == [
         "40,000,000", "15,000", "1.3", "0.012", "0"]  # fmt: skip

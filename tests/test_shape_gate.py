@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 
 from bench.sparse import k2_vocab_maps, write_sparse_safetensors
+from common.errors import BadInput
 from drafter.compat import check_compat, compare_drafters, drafter_facts, passed, target_facts, verdict
-from drafter.errors import BadInput
 from tests.helpers.drafters import REFERENCE, k2_drafter_tensors
 from tests.helpers.steps import run_step
 from tests.helpers.stores import project_runs

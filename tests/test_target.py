@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from drafter.errors import BadInput
+from common.errors import BadInput
 from drafter.target import load_target
 
 

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
+from common.errors import BadInput
 from drafter.capture import capture, plan_capture
 from drafter.data import HiddenStateDataset
-from drafter.errors import BadInput
 from drafter.target import load_target
 from drafter.train import TrainConfig, TrainingDiverged, TrainingStopped, scratch_drafter, train
 from tests.helpers.drafters import tiny_config

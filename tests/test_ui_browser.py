@@ -221,7 +221,7 @@ def test_registered_model_page_shows_versions_alias_and_gate(tiny_targets, draft
         tmp_path / "d",
         include_embedding=False,
     )
-    from drafter.prompts import file_digest
+    from common.prompt_files import file_digest
 
     prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS[:1])
     (tmp_path / "slow.yaml").write_text(

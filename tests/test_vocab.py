@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from drafter.errors import BadInput
+from common.errors import BadInput
 from drafter.vocab import build_vocab_maps, validate_vocab_maps
 
 

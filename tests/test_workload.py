@@ -6,10 +6,11 @@ import math
 import numpy as np
 import pytest
 
-from drafter.cost import expected_accept_len, load_profile
-from drafter.errors import BadInput
-from drafter.workload import ClassFigure, mix_accept_len, mix_ci, prompt_key
+from common.errors import BadInput
 from registry.policy import Evidence, decide
+from serving.cost import expected_accept_len
+from serving.profile import load_profile
+from serving.workload import ClassFigure, mix_accept_len, mix_ci, prompt_key
 
 
 def synthetic_class(rng, p: float, k: int, n: int) -> list[tuple[int, int]]:
@@ -75,7 +76,7 @@ def _profile(tmp_path, body: str):
     ],
 )
 def test_profile_pins_are_checked_naming_the_file(tmp_path, body, message):
-    from drafter.prompts import file_digest
+    from common.prompt_files import file_digest
 
     path = _profile(tmp_path, "")
     sha = file_digest(tmp_path / "p.jsonl")
@@ -90,7 +91,7 @@ def test_profile_pins_are_checked_naming_the_file(tmp_path, body, message):
 
 
 def test_a_pinned_set_loads_relative_to_the_profile(tmp_path):
-    from drafter.prompts import file_digest
+    from common.prompt_files import file_digest
 
     path = _profile(tmp_path, "")
     path.write_text(

@@ -9,8 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from common.errors import BadInput
 from drafter.config import DrafterConfig
-from drafter.errors import BadInput
 from drafter.memory_plan import GIB, MemoryPlan, plan
 from drafter.train import TrainConfig, load_ds_config
 

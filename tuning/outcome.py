@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drafter.errors import BadInput
+from common.errors import BadInput
 from tuning.study import OBJECTIVE
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from drafter.errors import BadInput
+from common.errors import BadInput
 
 
 def prepare_init(init: str, dataset: Any, arch: str):

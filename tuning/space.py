@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from drafter.errors import BadInput
+from common.errors import BadInput
 from drafter.train import TrainConfig
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"

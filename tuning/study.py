@@ -17,7 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from drafter.errors import BadInput
+from common.errors import BadInput
+from reports.plotting import pyplot
 from tuning.workers import fail_gone_trials
 
 OBJECTIVE = "val_sim_accept_len"
@@ -154,10 +155,7 @@ def claim_trial(study: Any, n_trials: int) -> Any | None:
 def history_figure(study: Any, title: str | None = None):
     """Every trial against the objective: completed trials as dots, pruned ones as crosses at their
     last reported value, failed ones along the bottom, and the best so far."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from optuna.trial import TrialState
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -203,17 +201,13 @@ def log_figures(study: Any, title: str | None = None) -> None:
     something to attribute (else the tag `optuna.importance` says why not)."""
     import warnings
 
-    import matplotlib
-
-    matplotlib.use("Agg")
+    plt = pyplot()  # the backend set before Optuna's matplotlib module imports pyplot
     import mlflow
     import optuna
     from optuna.trial import TrialState
     from optuna.visualization import matplotlib as ovm
 
     done = [t for t in study.trials if t.state == TrialState.COMPLETE]
-    import matplotlib.pyplot as plt
-
     fig = history_figure(study, title)
     mlflow.log_figure(fig, "optuna_history.png")
     plt.close(fig)

@@ -35,7 +35,7 @@ SMALL_PARAMS = {"n_trials": "1", "max_steps": "8", "limit": "0", "max_new_tokens
 
 def small_profile(folder: Path) -> Path:
     """A profile pinned to the first 8 prompts of the mini world's code workload, 8 new tokens each."""
-    from drafter.prompts import file_digest
+    from common.prompt_files import file_digest
 
     prompts = folder / "small-workload.jsonl"
     lines = (ROOT / "miniworld" / "prompts" / "workload-code.jsonl").read_text().splitlines()[:8]

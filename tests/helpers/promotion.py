@@ -21,7 +21,7 @@ STRICT = "name: strict\nbaseline_tps: 82\nverify_ms: 30\ndraft_step_ms: 0\ndraft
 def write_profiles(tmp: Path) -> None:
     """many.jsonl (20 distinct prompts) and the profiles that pin it: lenient (any drafter beats its
     break-even: the positive control) and strict (the seed deployment's figures)."""
-    from drafter.prompts import file_digest
+    from common.prompt_files import file_digest
 
     write_prompts(tmp / "many.jsonl", MANY)
     sha = file_digest(tmp / "many.jsonl")

@@ -1,4 +1,4 @@
-"""Errors that the entry points turn into one-line messages and DESIGN.md's exit codes:
+"""Errors that the entry points turn into one-line messages and docs/design.md's exit codes:
 0 ok, 1 a gate or the promotion rule said no, 2 bad input, 3 an internal error (anything unforeseen)."""
 
 from __future__ import annotations

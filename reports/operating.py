@@ -4,8 +4,9 @@ the speed-up the profile predicts is from the one the engine served."""
 
 from __future__ import annotations
 
-from drafter.cost import Profile, break_even_accept_len, fit_conditional_acceptance
-from drafter.cycle_model import DepthChoice, OperatingPoint, accept_len_at_depth, recommend_depth
+from serving.cost import break_even_accept_len, fit_conditional_acceptance
+from serving.cycle_model import DepthChoice, OperatingPoint, accept_len_at_depth, recommend_depth
+from serving.profile import Profile
 
 
 def positions_or_fit(acc_pos: list[float] | None, accept_len: float, k: int) -> list[float]:

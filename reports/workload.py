@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from drafter.cost import break_even_accept_len
+from serving.cost import break_even_accept_len
 
 T = TypeVar("T")
 
@@ -64,7 +64,7 @@ def class_markdown(classes, mix) -> str:
 
 
 def classes_figure(classes, mix, profile, title: str):
-    from drafter.evaluation import class_bars_figure
+    from reports.acceptance import class_bars_figure
 
     return class_bars_figure(
         [(c.name, c.share, c.accept_len, c.ci_low, c.ci_high) for c in [*classes, mix]],
@@ -89,7 +89,7 @@ class MeasuredClass:
 
 def workload_figures(classes: list[MeasuredClass], per_prompt, profile):
     """Per-class figures and the mix's, from the decoded prompts in class order."""
-    from drafter.workload import class_figures
+    from serving.workload import class_figures
 
     parts = [(c.name, c.share, per) for c, per in by_class(classes, per_prompt)]
     return class_figures(parts, break_even_accept_len(profile))
@@ -121,7 +121,7 @@ def figure_metrics(classes, mix, profile) -> dict[str, float]:
 
 
 def class_positions(classes: list[MeasuredClass], accepted: list[list[int]], k: int) -> dict[str, float]:
-    from drafter.evaluation import acceptance_by_position
+    from serving.workload import acceptance_by_position
 
     out = {}
     for c, part in by_class(classes, accepted):

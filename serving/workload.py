@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from drafter.errors import BadInput
+from common.errors import BadInput
 
 CLASS_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 SINGLE = "all"  # the one class of a profile that pins a single evaluation set
@@ -38,7 +38,7 @@ class TrafficClass:
 
     def records(self) -> list[dict[str, Any]]:
         """The pinned prompts, after checking the file is the one pinned."""
-        from drafter.prompts import file_digest, read_prompts
+        from common.prompt_files import file_digest, read_prompts
 
         if not self.prompts.is_file():
             raise BadInput(f"{self.prompts}: prompts file of traffic class '{self.name}' not found")
@@ -193,3 +193,20 @@ def class_figures(
     lo, hi = mix_ci(shares)
     n = sum(len(per) for _, _, per in parts)
     return figures, ClassFigure("mix", 1.0, n, L, lo, hi, L / break_even)
+
+
+def acceptance_by_position(accepted: list[list[int]], k: int) -> list[float]:
+    """Conditional acceptance at draft position i: P(accepted > i | accepted >= i), over every cycle of
+    every prompt given (drafts accepted per cycle, per prompt)."""
+    flat = [n for a in accepted for n in a]
+    out = []
+    for i in range(k):
+        reached = sum(1 for n in flat if n >= i)
+        out.append(sum(1 for n in flat if n > i) / reached if reached else 0.0)
+    return out
+
+
+def bootstrap_ci(per_prompt: list[tuple[int, int]], iters: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% interval of the pooled accept_len, resampling prompts (cycles within a prompt are not
+    independent): the traffic mix's interval with one class, so every figure uses one method."""
+    return mix_ci([(1.0, per_prompt)], iters, seed)

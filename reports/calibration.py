@@ -9,8 +9,9 @@ from typing import Any
 
 import yaml
 
-from drafter.cycle_model import OperatingPoint, fit_cycle, primary
-from drafter.errors import InternalError
+from common.errors import InternalError
+from reports.plotting import pyplot
+from serving.cycle_model import OperatingPoint, fit_cycle, primary
 
 
 def operating_points(
@@ -106,10 +107,7 @@ def figure(ops: tuple[OperatingPoint, ...], depths: list[int], observed: dict[tu
     """Per-request tok/s the cost model gives against accept_len, a line per depth, a panel per
     concurrency; plain decoding and each depth's break-even marked; the calibration drafter's own
     (accept_len, served tok/s) as points on the lines they should fall on."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(ops), figsize=(5.2 * len(ops), 4.2), squeeze=False, sharey=True)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from drafter.errors import BadInput
+from common.errors import BadInput
 
 FIT_TOLERANCE = 0.01  # relative: a stated fit further than this from its own points contradicts them
 

@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from reports.plotting import pyplot
+
 FAR_BEYOND = 10.0  # an answer more than this many times the largest rung is an extrapolation to flag
 ON_CEILING = 1e-3  # a fitted ceiling this close to its bound was stopped by the bound, not the data
 
@@ -116,10 +118,7 @@ def headline(start: str, est: Any, be: float, profile: str, sizes: list[int], se
 def figure(points: list[Any], fits: dict[str, dict[float, Any]], tps: float, be: float, profile: str, k: int):
     """Measured points, each fit solid over the ladder and dashed beyond it, the 90% band of the
     samples for break-even shaded, and break-even itself."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(8, 4.5))

@@ -1,0 +1,97 @@
+"""What steps read from their arguments, in one place: numbers and lists of numbers (checked, never
+rounded; bad input names the parameter), a model argument resolved to a drafter folder, and the check that
+a drafter fits a target before anything is measured with it."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from common.errors import BadInput
+
+MAX_ROUNDS = 100  # served timing rounds: past this a measurement is hours, not a better figure
+MAX_CONCURRENCY = 64  # requests in flight a served measurement keeps
+MAX_DRAFT_STEPS = 64
+
+
+def integer(value: str, name: str, low: int = 0, high: int | None = None) -> int:
+    """A whole-number parameter (`--name`) in [low, high]; anything else (2.7, nan, inf, words) is bad input
+    naming it, never silently rounded."""
+    try:
+        out = int(value)
+    except (TypeError, ValueError):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = float("nan")
+        if not number.is_integer():
+            raise BadInput(f"--{name} must be a whole number, got {value!r}") from None
+        out = int(number)
+    if out < low:
+        raise BadInput(f"--{name} must be >= {low}, got {value!r}")
+    if high is not None and out > high:
+        raise BadInput(f"--{name} must be <= {high}, got {value!r}")
+    return out
+
+
+def number(value: str, name: str, low: float = -math.inf, high: float = math.inf, what: str | None = None) -> float:
+    """A finite number parameter in [low, high] (nan and inf are bad input, as are words); `what` names the
+    range in the message when it says more than the bounds (a share, an open interval)."""
+    if what is None:
+        what = f"a finite number >= {low:g}" if high == math.inf else f"a finite number in [{low:g}, {high:g}]"
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise BadInput(f"--{name} must be a number, got {value!r}") from None
+    if not math.isfinite(out) or not low <= out <= high:
+        raise BadInput(f"--{name} must be {what}, got {value!r}")
+    return out
+
+
+def integers(value: str, name: str, low: int, high: int | None = None, repeats: bool = False) -> list[int]:
+    """Comma-separated whole numbers in [low, high], sorted; a repeat is bad input unless `repeats` (then
+    merged)."""
+    span = f"from {low} to {high}" if high is not None else f">= {low}"
+    try:
+        items = [float(x) for x in str(value).split(",") if x.strip()]
+    except ValueError:
+        raise BadInput(f"--{name} must be comma-separated whole numbers, got {value!r}") from None
+    if not items or any(
+        not math.isfinite(x) or x != int(x) or x < low or (high is not None and x > high) for x in items
+    ):
+        raise BadInput(f"--{name} must be whole numbers {span}, got {value!r}")
+    if len(set(items)) != len(items) and not repeats:
+        raise BadInput(f"--{name} repeats a value: {value!r}")
+    return sorted({int(x) for x in items})
+
+
+def draft_depth(value: str) -> int:
+    """A draft depth: a whole number from 1 to 64 (2.7, nan, inf and 1e9 are bad input, not rounded)."""
+    try:
+        return integer(value, "draft_steps", 1, MAX_DRAFT_STEPS)
+    except BadInput:
+        raise BadInput(f"--draft_steps must be a whole number from 1 to {MAX_DRAFT_STEPS}, got {value!r}") from None
+
+
+def resolve_model(model: str) -> tuple[Path, Any]:
+    """(drafter folder, ModelVersion or None): a registry URI through the store, a folder or hub id as is."""
+    if model.startswith("models:/"):
+        from registry import store
+
+        mv = store.get_version(model)
+        return store.download_version(f"models:/{mv.name}/{mv.version}").folder, mv
+    from registry.resolve import resolve_drafter
+
+    return resolve_drafter(model).folder, None
+
+
+def require_fit(folder: str | Path, target: str | Path, refusal: str) -> None:
+    """The shape gate's checks from headers: bad input (`refusal: what differs`) when the drafter cannot run
+    on the target, so nothing is measured or exported with a drafter that does not fit."""
+    from drafter.compat import check_compat, drafter_facts, passed, target_facts
+
+    checks = check_compat(drafter_facts(folder), target_facts(target))
+    if not passed(checks):
+        bad = "; ".join(f"{c.name}: expected {c.expected}, got {c.actual}" for c in checks if c.ok is False)
+        raise BadInput(f"{refusal}: {bad}")

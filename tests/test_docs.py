@@ -1,0 +1,70 @@
+"""Every relative link in the README and docs/ names a file that exists (and an anchor that the page
+has), and every module the README's layout names exists: the check a strict static-site build would give."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ROOMS = ("common", "serving", "reports", "drafter", "engines", "registry", "tuning", "steps")
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return {_anchor(m.group(1)) for m in re.finditer(r"^#+\s+(.*)$", text, re.M)}
+
+
+def _pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_every_relative_link_resolves():
+    broken = []
+    for page in _pages():
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for target in LINK.findall(text):
+            if re.match(r"^[a-z]+:", target):  # http:, https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert broken == []
+
+
+def test_the_readme_is_a_front_page_with_a_complete_layout():
+    """At most 300 lines, and its layout names every module of every room, each one that exists."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 300
+    named, room = set(), None
+    for line in text.split("## Layout", 1)[1].split("```")[1].splitlines():
+        head = re.match(r"^([a-z]+)/\s", line)
+        if head:
+            room = head.group(1)
+        elif room and line.startswith("  "):
+            for m in re.findall(r"\b([\w/]+\.py)\b", line):
+                named.add(m if m.split("/")[0] in ROOMS else f"{room}/{m}")
+    present = {
+        str(p.relative_to(ROOT)) for r in ROOMS for p in (ROOT / r).rglob("*.py") if p.name != "__init__.py"
+    }
+    assert sorted(named - present) == []  # named but missing
+    assert sorted(present - named) == []  # present but left out
+
+
+def test_no_module_cites_a_design_file_outside_docs():
+    cited = []
+    for path in ROOT.glob("*/**/*.py"):
+        if ".venv" in path.parts:
+            continue
+        if re.search(r"(?<!docs/)DESIGN\.md", path.read_text()):
+            cited.append(str(path.relative_to(ROOT)))
+    assert cited == [] and (ROOT / "docs" / "design.md").is_file()
