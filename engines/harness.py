@@ -176,6 +176,7 @@ class ServedRun:
     display = property(lambda self: self.run.engine_version)
     title_suffix = property(lambda self: f" ({self.run.engine_version})")
     accepted = None  # a server reports counters, not each cycle's acceptance
+    outputs = property(lambda self: self.run.outputs_spec)
 
     def warnings(self, profile: Profile) -> list[str]:
         return []
@@ -242,7 +243,7 @@ class ServingEngine:
         )  # fmt: skip
         run, agreement = measure_checked(
             self.name, Path(job.folder), Path(job.target), [p.tolist() for p in prompts], settings,
-            reference=(reference.online.outputs, reference.per_prompt) if reference is not None else None,
+            reference=(reference.outputs, reference.per_prompt) if reference is not None else None,
             tolerance=self.checks.tolerance, min_prompts=self.checks.min_prompts,
             python=self.python, endpoint=self.endpoint, handed_ids=self.checks.handed_ids, progress=job.progress,
             fmt=self.fmt,

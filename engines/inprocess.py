@@ -56,6 +56,10 @@ class InProcessRun:
     def accepted(self) -> list[list[int]]:
         return self.online.accepted
 
+    @property
+    def outputs(self) -> list[list[int]]:
+        return self.online.outputs
+
     def metrics(self, profile: Profile) -> dict[str, float]:
         return self.online.metrics(profile, host_profile())
 

@@ -1,8 +1,8 @@
 """The one interface every place that measures a drafter goes through, whichever engine decodes: the
 project's own decoder in this process, a vLLM server or an SGLang server. `evaluate` (and anything else
-that measures acceptance) picks an engine by name once, with `engines.select`, and then never branches on
-it again: each engine checks it can run before any decoding, measures a `Job`, and reports a `Measurement`
-whose figures carry the same names whoever measured them."""
+that measures acceptance) reads the engine's name once (steps/evaluate.py: `serving_engine`) and never
+branches on it again: each engine checks it can run before any decoding, measures a `Job`, and reports a
+`Measurement` whose figures carry the same names whoever measured them."""
 
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ class Measurement(Protocol):
     display: str  # how a version page names the engine
     title_suffix: str  # what a figure's title adds to name the engine ("" for the project's own decoder)
     accepted: list[list[int]] | None  # drafts accepted per cycle, per prompt (None: only counters)
+    outputs: list[list[int]]  # the token ids decoded per prompt (what a lossless engine must reproduce)
 
     @property
     def per_prompt(self) -> list[tuple[int, int]]: ...

@@ -75,10 +75,23 @@ def tracking_uri() -> str:
 
 
 def use_default_store() -> None:
-    """MLFLOW_TRACKING_URI, when the user set none, becomes the embedded store in this working folder by its
-    absolute path: `mlflow run` starts each step in the project's folder, and a relative path there would
-    name another store than the one `main` opened in the user's folder."""
-    os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{Path.cwd() / 'mlflow.db'}")
+    """MLFLOW_TRACKING_URI, when the user set none: the embedded store in the working folder."""
+    os.environ.setdefault("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
+
+
+def pin_default_store(project: Path) -> None:
+    """For a pipeline run from a folder other than the project's: `mlflow run` starts each step in the
+    project's folder, where the relative default would name another store than the one the pipeline opened,
+    so the default becomes the working folder's store by its absolute path. A path an SQLite URL would read
+    otherwise (%, ?, #) is bad input rather than a store somewhere else."""
+    if tracking_uri() != DEFAULT_TRACKING_URI or Path.cwd().resolve() == project.resolve():
+        return  # a store the user named, or the project's own folder (`mlflow run .`)
+    if any(ch in str(Path.cwd()) for ch in "%?#"):
+        raise BadInput(
+            f"{Path.cwd()}: a folder whose path has %, ? or # cannot hold the default store; run from another "
+            "folder or set MLFLOW_TRACKING_URI"
+        )
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{Path.cwd().resolve() / 'mlflow.db'}"
 
 
 def same_target(a: str, b: str) -> bool:

@@ -58,7 +58,7 @@ class Profile:
     eval_temperature: float = 0.0
     workload: tuple[TrafficClass, ...] = field(default=())
     description: str = ""
-    # measured by `calibrate` (drafter/cycle_model): the loads the deployment serves at, and provenance
+    # measured by `calibrate` (serving/cycle_model): the loads the deployment serves at, and provenance
     operating_points: tuple[OperatingPoint, ...] = field(default=())
     measured: dict = field(default_factory=dict, compare=False)
     concurrency: int | None = None  # set on a view of the profile at one operating point

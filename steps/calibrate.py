@@ -14,7 +14,9 @@ import contextlib
 import shlex
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from common.errors import BadInput, InternalError
 from common.paths import MINIWORLD
@@ -70,7 +72,55 @@ def parse_shares(value: str, loads: list[int]) -> dict[int, float]:
     return dict(zip(loads, shares, strict=True))
 
 
+@dataclass(frozen=True)
+class Request:
+    args: argparse.Namespace
+    loads: list[int]
+    shares: dict[int, float]
+    limit: int
+    max_new: int
+    out: Path
+    source: Path  # the profile the evaluation settings are taken from
+    endpoints: list[str]
+    plain_url: str
+
+
+@dataclass
+class Timings:
+    """What the servers measured: plain decoding per load, cycles per (depth, load), and their provenance."""
+
+    plain: dict
+    spec: dict
+    measured: dict
+    logs: list[str]
+    prompts_digest: str
+    t0: float
+
+
+@dataclass
+class Calibration:
+    """The cost model fitted from the timings, and the profile text that carries it."""
+
+    ops: list
+    depths: list[int]
+    choice: Any
+    text: str
+    observed: dict
+    warnings: list[str]
+    record: dict  # calibration.json
+
+
 def run(args: argparse.Namespace) -> int:
+    request = parse(args)
+    timings = measure(request)
+    cal = conclude(request, timings)
+    profile = write_profile(request.out, cal.text)
+    publish(request, timings, cal, profile)
+    report(request, timings, cal)
+    return 0
+
+
+def parse(args: argparse.Namespace) -> Request:
     from serving.profile import load_profile, profile_path
 
     loads = integers(args.concurrency, "concurrency", 1, MAX_CONCURRENCY)
@@ -90,15 +140,21 @@ def run(args: argparse.Namespace) -> int:
     plain_url = (none_if_empty(args.plain_endpoint) or "").rstrip("/")
     if bool(endpoints) != bool(plain_url):
         raise BadInput("--endpoint (speculative servers) and --plain_endpoint go together")
-    prompts, records_digest, s = encode(args, limit, max_new)
+    return Request(args, loads, shares, limit, max_new, out, source, endpoints, plain_url)
+
+
+def measure(request: Request) -> Timings:
+    """Plain and speculative cycles timed on servers the user runs, or on servers launched here."""
+    args = request.args
+    prompts, digest, s = encode(args, request.limit, request.max_new)
     t0 = time.time()
-    if endpoints:
-        plain, spec, measured = time_endpoints(args, endpoints, plain_url, prompts, loads, s)
+    if request.endpoints:
+        plain, spec, measured = time_endpoints(args, request.endpoints, request.plain_url, prompts, request.loads, s)
         logs = []
     else:
-        plain, spec, measured, logs = time_launched(args, prompts, loads, s)
+        plain, spec, measured, logs = time_launched(args, prompts, request.loads, s)
     measured["prompts_count"] = len(prompts)
-    return write_and_log(args, out, source, loads, shares, plain, spec, measured, records_digest, logs, t0)
+    return Timings(plain, spec, measured, logs, digest, t0)
 
 
 def encode(args, limit: int, max_new: int):
@@ -231,17 +287,17 @@ def hardware(logs: list[str]) -> str:
     )
 
 
-def write_and_log(args, out, source, loads, shares, plain, spec, measured, prompts_digest, logs, t0) -> int:
-    import mlflow
+def conclude(request: Request, t: Timings) -> Calibration:
+    """Operating points fitted from the timings, the depth to serve at, and the profile's text."""
     import yaml
 
     from reports import calibration as report
     from serving.cycle_model import primary, recommend_depth
-    from serving.profile import load_profile
 
+    args, loads, plain, spec = request.args, request.loads, t.plain, t.spec
     depths = sorted(spec)
     ops = report.operating_points(
-        {c: plain[c].tps for c in loads}, {k: {c: spec[k][c].cycle_ms for c in loads} for k in depths}, shares
+        {c: plain[c].tps for c in loads}, {k: {c: spec[k][c].cycle_ms for c in loads} for k in depths}, request.shares
     )
     deepest = spec[depths[-1]][loads[0]]
     acc_pos = [
@@ -252,22 +308,38 @@ def write_and_log(args, out, source, loads, shares, plain, spec, measured, promp
     serve_k = integer(args.serve_draft_steps, "serve_draft_steps", 1) if none_if_empty(args.serve_draft_steps) else (
         choice.k if choice else depths[0]
     )  # fmt: skip
+    measured = t.measured
     measured.update(
-        date=time.strftime("%Y-%m-%d"),
-        draft_steps=depths,
-        concurrency=loads,
-        prompts=str(args.prompts),
-        prompts_sha256=prompts_digest,
-        max_new_tokens=integer(args.max_new_tokens, "max_new_tokens", 2),
+        date=time.strftime("%Y-%m-%d"), draft_steps=depths, concurrency=loads, prompts=str(args.prompts),
+        prompts_sha256=t.prompts_digest, max_new_tokens=request.max_new,
         command=" ".join(shlex.quote(a) for a in ["python", "-m", "steps.calibrate", *sys.argv[1:]]),
-    )
-    raw_source = yaml.safe_load(source.read_text())
+    )  # fmt: skip
+    source, out = request.source, request.out
     description = (
         f"Measured by calibrate on {measured['engine']} ({measured['hardware']}): plain decode and speculative "
         f"cycles at depths {depths} and concurrency {loads}; evaluation settings from {source.stem}."
     )
     text = report.profile_text(out.stem, description, ops, serve_k, measured,
-                               report.eval_fields_from(raw_source, source, out))  # fmt: skip
+                               report.eval_fields_from(yaml.safe_load(source.read_text()), source, out))  # fmt: skip
+    warnings = report.inversions(ops, depths)
+    record = {
+        "plain": {str(c): plain[c].to_dict() for c in loads},
+        "spec": {str(k): {str(c): spec[k][c].to_dict() for c in loads} for k in depths},
+        "operating_points": [op.identity() | {"residuals_ms": op.residuals()} for op in ops],
+        "calibration_drafter_acc_pos": acc_pos,
+        "recommended": choice.sentence() if choice else None,
+        "timing_inversions": warnings,
+        "measured": measured,
+        "seconds": round(time.time() - t.t0, 1),
+    }
+    observed = {(k, c): (spec[k][c].accept_len, spec[k][c].tps) for k in depths for c in loads}
+    return Calibration(ops, depths, choice, text, observed, warnings, record)
+
+
+def write_profile(out: Path, text: str) -> Any:
+    """The profile written whole (a partial file, checked by loading it, then renamed over `out`)."""
+    from serving.profile import load_profile
+
     tmp = out.with_name(f".{out.stem}.partial{out.suffix}")
     tmp.write_text(text)
     try:
@@ -276,51 +348,57 @@ def write_and_log(args, out, source, loads, shares, plain, spec, measured, promp
         tmp.unlink()
         raise InternalError(f"the profile calibrate measured does not load: {exc}") from None  # its own output
     tmp.replace(out)
-    observed = {(k, c): (spec[k][c].accept_len, spec[k][c].tps) for k in depths for c in loads}
-    warnings = report.inversions(ops, depths)
-    calibration = {
-        "plain": {str(c): plain[c].to_dict() for c in loads},
-        "spec": {str(k): {str(c): spec[k][c].to_dict() for c in loads} for k in depths},
-        "operating_points": [op.identity() | {"residuals_ms": op.residuals()} for op in ops],
-        "calibration_drafter_acc_pos": acc_pos,
-        "recommended": choice.sentence() if choice else None,
-        "timing_inversions": warnings,
-        "measured": measured,
-        "seconds": round(time.time() - t0, 1),
-    }
-    with step_run("calibrate", run_name=f"calibrate {out.stem} on {measured['engine']}"):
+    return profile
+
+
+def publish(request: Request, t: Timings, cal: Calibration, profile: Any) -> None:
+    """The run: params, each operating point's figures, the record, the profile, the figure and the logs."""
+    import mlflow
+
+    from reports import calibration as report
+
+    args, loads, out, depths, ops = request.args, request.loads, request.out, cal.depths, cal.ops
+    engine = t.measured["engine"]
+    with step_run("calibrate", run_name=f"calibrate {out.stem} on {engine}"):
         log_params({"target": args.target, "engine": args.engine, "draft_steps": ",".join(map(str, depths)),
-                    "concurrency": ",".join(map(str, loads)), "shares": ",".join(f"{shares[c]:g}" for c in loads),
+                    "concurrency": ",".join(map(str, loads)),
+                    "shares": ",".join(f"{request.shares[c]:g}" for c in loads),
                     "drafter": args.drafter, "prompts": args.prompts, "limit": args.limit,
                     "max_new_tokens": args.max_new_tokens, "out": str(out),
                     "endpoint": args.endpoint, "plain_endpoint": args.plain_endpoint})  # fmt: skip
-        metrics = {}
-        for op in ops:
-            c = op.concurrency
-            metrics[f"plain_tps_c{c}"] = op.plain_tps
-            metrics[f"verify_ms_c{c}"] = op.verify_ms
-            metrics[f"draft_step_ms_c{c}"] = op.draft_step_ms
-            for k in depths:
-                metrics[f"cycle_ms_k{k}_c{c}"] = op.cycle_ms(k)
-                metrics[f"break_even_k{k}_c{c}"] = op.break_even(k)
-        mlflow.log_metrics(metrics)
-        mlflow.log_dict(calibration, "calibration.json")
+        mlflow.log_metrics(operating_metrics(ops, depths))
+        mlflow.log_dict(cal.record, "calibration.json")
         mlflow.log_artifact(str(out), "profile")
-        log_figure(report.figure(ops, depths, observed), "served_tps_vs_accept_len.png")
-        for log in logs:
+        log_figure(report.figure(ops, depths, cal.observed), "served_tps_vs_accept_len.png")
+        for log in t.logs:
             if Path(log).is_file():
                 mlflow.log_artifact(log, "engine_logs")
-        lines = table(ops, depths)
         mlflow.set_tag("mlflow.note.content", f"Wrote `{out}` ({profile.name}, digest {profile.digest[:12]}): "
-                       f"{calibration['recommended'] or ''}\n\n" + "\n".join(lines)
-                       + "".join(f"\n\nWarning: {w}." for w in warnings))  # fmt: skip
-        mlflow.set_tags({"profile": profile.name, "profile_digest": profile.digest[:16], "engine": measured["engine"],
-                         "timing_inversions": str(len(warnings))})  # fmt: skip
-    print("\n".join(lines))
-    for line in warnings:
+                       f"{cal.record['recommended'] or ''}\n\n" + "\n".join(table(ops, depths))
+                       + "".join(f"\n\nWarning: {w}." for w in cal.warnings))  # fmt: skip
+        mlflow.set_tags({"profile": profile.name, "profile_digest": profile.digest[:16], "engine": engine,
+                         "timing_inversions": str(len(cal.warnings))})  # fmt: skip
+
+
+def operating_metrics(ops, depths: list[int]) -> dict[str, float]:
+    metrics = {}
+    for op in ops:
+        c = op.concurrency
+        metrics[f"plain_tps_c{c}"] = op.plain_tps
+        metrics[f"verify_ms_c{c}"] = op.verify_ms
+        metrics[f"draft_step_ms_c{c}"] = op.draft_step_ms
+        for k in depths:
+            metrics[f"cycle_ms_k{k}_c{c}"] = op.cycle_ms(k)
+            metrics[f"break_even_k{k}_c{c}"] = op.break_even(k)
+    return metrics
+
+
+def report(request: Request, t: Timings, cal: Calibration) -> None:
+    print("\n".join(table(cal.ops, cal.depths)))
+    for line in cal.warnings:
         print(f"calibrate: warning: {line}", file=sys.stderr)
-    print(f"calibrate: wrote {out} ({time.time() - t0:.0f} s)" + (f"; {choice.sentence()}" if choice else ""))
-    return 0
+    choice = cal.choice
+    print(f"calibrate: wrote {request.out} ({time.time() - t.t0:.0f} s)" + (f"; {choice.sentence()}" if choice else ""))
 
 
 def table(ops, depths) -> list[str]:

@@ -208,7 +208,9 @@ def measure(request: Request, folder: Path, mv: Any) -> Evaluation:
     if served is not None:
         served.check_reachable()  # before any decoding: the in-process reference takes minutes
     target = load_target(args.target, progress=args.progress) if request.reference or request.data else None
-    drafter = load_drafter(folder, embedding=target.embedding_weight.detach().float()).eval() if target else None
+    drafter = (
+        load_drafter(folder, embedding=target.embedding_weight.detach().float()).eval() if target is not None else None
+    )
     if request.data:
         measure_offline(request, drafter, out)
     if request.records:

@@ -11,7 +11,9 @@ import argparse
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from common.errors import BadInput
 from steps._cli import log_params, none_if_empty, parser, run_step, step_run
@@ -34,12 +36,33 @@ def build() -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace) -> int:
-    import mlflow
+@dataclass(frozen=True)
+class Request:
+    """A registry version to hand to an engine, checked: where it goes, on which target, at which depth."""
 
-    from drafter.compat import target_facts
+    mv: Any
+    folder: Path
+    aliases: list[str]  # the serving aliases it holds by a promote decision
+    target: str
+    k: int
+    evidence_run: str
+    out: Path
+
+
+def run(args: argparse.Namespace) -> int:
+    request, c = parse(args)
+    write(args.engine, request)
+    publish(args, c, request)
+    mv, out = request.mv, request.out
+    print(f"export: models:/{mv.name}/{mv.version} ({', '.join(request.aliases) or 'no serving alias'}) for "
+          f"{args.engine} at k={request.k} -> {out}\n  serve it: {out / 'serve.sh'}")  # fmt: skip
+    return 0
+
+
+def parse(args: argparse.Namespace) -> tuple[Request, Any]:
+    """The output folder (a plain, empty one whose name serve.sh can carry), the version and the serving alias it
+    holds, its target (and the shape gate's pass against it), and the depth the promotion was decided at."""
     from engines import export
-    from engines.vllm import Settings
     from registry import naming, sanction, store
 
     if args.engine not in export.ENGINES:
@@ -55,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput(f"--out {out} exists and is not an empty folder")
     if not args.model.startswith("models:/"):
         raise BadInput(f"--model must be a registry URI (models:/name@production, models:/name/3), got {args.model!r}")
-    c = store.client()
+    c = store.client()  # only once the arguments are known good: bad input leaves no store behind
     mv, folder = store.version_folder(args.model)
     aliases = [a for a in SERVING if sanction.holder(c, mv.name, a).version == str(mv.version)]
     if not aliases and args.any_version != "yes":
@@ -78,38 +101,53 @@ def run(args: argparse.Namespace) -> int:
         )
     if decided_k and k != decided_k:
         print(f"export: warning: k={k}, but the promotion was decided at k={decided_k}: another deployment")
+    return Request(mv, folder, aliases, target, k, evidence_run, out), c
+
+
+def write(engine: str, r: Request) -> None:
+    """The folder the engine loads, serve.sh and EXPORT.md, written in a staging folder and renamed into place."""
+    from drafter.compat import target_facts
+    from engines import export
+    from engines.vllm import Settings
+
+    out = r.out
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        exported = export.write(folder, staging, args.engine, k, target)
-        context = int(target_facts(target).config.text_config.get("max_position_embeddings", 4096))
-        settings = Settings(k=k, max_new_tokens=1, max_model_len=context)
+        exported = export.write(r.folder, staging, engine, r.k, r.target)
+        context = int(target_facts(r.target).config.text_config.get("max_position_embeddings", 4096))
+        settings = Settings(k=r.k, max_new_tokens=1, max_model_len=context)
         exported.folder = out.resolve()  # serve.sh names the folder it ends up in
         (staging / "serve.sh").write_text(export.serve_script(exported, settings))
         (staging / "serve.sh").chmod(0o755)
-        (staging / "EXPORT.md").write_text(describe(mv, aliases, evidence_run, exported, target))
+        (staging / "EXPORT.md").write_text(describe(r.mv, r.aliases, r.evidence_run, exported, r.target))
         if out.exists():
             out.rmdir()
         staging.rename(out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def publish(args: argparse.Namespace, c: Any, r: Request) -> None:
+    """The run (its files and their digests) and the version's `exported.<engine>` tag."""
+    import mlflow
+
+    from registry import store
+
+    mv, out = r.mv, r.out
     with step_run("export", run_name=f"export v{mv.version} -> {args.engine}"):
-        log_params({"model": args.model, "engine": args.engine, "out": str(out), "target": target,
-                    "draft_steps": k, "any_version": args.any_version})  # fmt: skip
+        log_params({"model": args.model, "engine": args.engine, "out": str(out), "target": r.target,
+                    "draft_steps": r.k, "any_version": args.any_version})  # fmt: skip
         for name in ("config.json", "serve.sh", "EXPORT.md"):
             mlflow.log_artifact(str(out / name), "export")
-        files = store.file_hashes(out)
-        mlflow.log_dict(files, "export/files_sha256.json")
+        mlflow.log_dict(store.file_hashes(out), "export/files_sha256.json")
         run_id = mlflow.active_run().info.run_id
         mlflow.set_tag("mlflow.note.content", f"Exported models:/{mv.name}/{mv.version} for {args.engine} to `{out}`.")
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         c.set_model_version_tag(
-            mv.name, mv.version, f"exported.{args.engine}", f"run {run_id} -> {out} at k={k} ({when})"
+            mv.name, mv.version, f"exported.{args.engine}", f"run {run_id} -> {out} at k={r.k} ({when})"
         )
-    print(f"export: models:/{mv.name}/{mv.version} ({', '.join(aliases) or 'no serving alias'}) for {args.engine} "
-          f"at k={k} -> {out}\n  serve it: {out / 'serve.sh'}")  # fmt: skip
-    return 0
 
 
 def decision_of(c, name: str, aliases: list[str]) -> tuple[str, int | None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import BadInput
@@ -142,75 +143,91 @@ def describe(source_tag: str, hashes: dict[str, str], header: dict, card: dict[s
 
 
 def run(args: argparse.Namespace) -> int:
-    from registry import audit, store
-
     allow_pickle = str(args.allow_pickle).lower() in ("1", "true", "yes")
     if none_if_empty(args.name):
         naming.check_name(args.name)
     folder, source_tag, commit = fetch(args.source, none_if_empty(args.revision))
     with tempfile.TemporaryDirectory() as tmp:
-        pickles = [p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES]
-        if pickles and not any(folder.glob("*.safetensors")):
-            if not allow_pickle:
-                raise BadInput(
-                    f"{folder}: weights are pickle files ({', '.join(pickles)}); unpickling can run "
-                    "arbitrary code. Convert to safetensors, or pass --allow_pickle true to read them "
-                    "with torch.load(weights_only=True)"
-                )
-            folder = convert_pickle(folder, Path(tmp) / "converted")
-        converted = {}
-        if is_speculators(folder):  # vLLM's format: the project's layout, the same tensors
-            converted = {"converted_from": "speculators", "speculators.verifier": verifier_of(folder)}
-            folder = from_speculators_with_card(folder, Path(tmp) / "from-speculators")
-        cfg = load_config(folder)
-        header = read_header(folder)  # header checks only: no weights enter memory
-        problems = header_problems(header, cfg)
-        if problems:
-            raise BadInput(f"{folder}: checkpoint does not match its config: " + "; ".join(problems))
-        hashes = store.file_hashes(folder)
-        sha = store.weights_sha256(hashes)
-        card = model_card(folder)
-        trained_for = naming.target_slug(none_if_empty(args.trained_for) or card.get("base_model", "unknown"))
-        target = str(Path(args.target).resolve()) if Path(args.target).exists() else str(args.target)
-        name = none_if_empty(args.name) or naming.model_name_for(target)
-        c = store.client()
-        with store.registry_lock():  # a concurrent import of the same weights sees this one
-            store.ensure_registered_model(c, name, target)
-            existing = store.find_complete_version(c, name, sha)
-            if existing is not None:
-                print(
-                    f"import_drafter: already registered as models:/{name}/{existing.version} (sha256 {sha[:12]}); "
-                    "nothing added"
-                )
-                return 0
-            store.drop_incomplete(c, name, sha)
-            import mlflow
-
-            tags = {
-                naming.TAG_SOURCE: source_tag,
-                naming.TAG_SHA256: sha,
-                naming.TAG_TRAINED_FOR: trained_for,
-                **{f"card.{k}": v for k, v in card.items()},
-                **converted,
-            }
-            with step_run("import_drafter", run_name=f"import {Path(str(args.source)).name} -> {name}"):
-                log_params(
-                    {
-                        "source": args.source,
-                        "revision": commit or none_if_empty(args.revision) or "none (a local folder)",
-                        "name": name,
-                        "target": target,
-                        "trained_for": trained_for,
-                    }
-                )
-                mlflow.set_tags({f"drafter.{k}": v for k, v in tags.items()})
-                mlflow.log_dict(hashes, "sha256.json")
-                mv = store.register_drafter(folder, name, tags, describe(source_tag, hashes, header, card, trained_for))
-                audit.move_alias(c, name, "imported", mv.version, f"imported from {source_tag}")
-    print(
-        f"import_drafter: registered models:/{name}/{mv.version} (alias imported) from {source_tag}, sha256 {sha[:12]}"
-    )
+        folder, converted = project_layout(folder, Path(tmp), allow_pickle)
+        header = checked_header(folder)
+        version = register(args, folder, header, converted, source_tag, commit)
+    if version.existing:
+        print(f"import_drafter: already registered as models:/{version.name}/{version.version} (sha256 "
+              f"{version.sha[:12]}); nothing added")  # fmt: skip
+    else:
+        print(f"import_drafter: registered models:/{version.name}/{version.version} (alias imported) from "
+              f"{source_tag}, sha256 {version.sha[:12]}")  # fmt: skip
     return 0
+
+
+def project_layout(folder: Path, tmp: Path, allow_pickle: bool) -> tuple[Path, dict[str, str]]:
+    """The drafter in the project's own layout: pickled weights converted only when allowed (read with
+    weights_only=True), vLLM's speculators format converted; with what the conversion was, as tags."""
+    pickles = [p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES]
+    if pickles and not any(folder.glob("*.safetensors")):
+        if not allow_pickle:
+            raise BadInput(
+                f"{folder}: weights are pickle files ({', '.join(pickles)}); unpickling can run "
+                "arbitrary code. Convert to safetensors, or pass --allow_pickle true to read them "
+                "with torch.load(weights_only=True)"
+            )
+        folder = convert_pickle(folder, tmp / "converted")
+    if is_speculators(folder):  # vLLM's format: the project's layout, the same tensors
+        converted = {"converted_from": "speculators", "speculators.verifier": verifier_of(folder)}
+        return from_speculators_with_card(folder, tmp / "from-speculators"), converted
+    return folder, {}
+
+
+def checked_header(folder: Path) -> dict:
+    """The weights' header checked against the config, from headers only: no weights enter memory."""
+    cfg = load_config(folder)
+    header = read_header(folder)
+    problems = header_problems(header, cfg)
+    if problems:
+        raise BadInput(f"{folder}: checkpoint does not match its config: " + "; ".join(problems))
+    return header
+
+
+@dataclass(frozen=True)
+class Registered:
+    name: str
+    version: str
+    sha: str
+    existing: bool  # the same weights were registered before: nothing added
+
+
+def register(args: argparse.Namespace, folder: Path, header: dict, converted: dict[str, str], source_tag: str,
+             commit: str | None) -> Registered:  # fmt: skip
+    """A new version with its provenance (source, revision, sha256 per file, card) and alias `imported`; the
+    same weights registered before are found by digest and not added again."""
+    import mlflow
+
+    from registry import audit, store
+
+    hashes = store.file_hashes(folder)
+    sha = store.weights_sha256(hashes)
+    card = model_card(folder)
+    trained_for = naming.target_slug(none_if_empty(args.trained_for) or card.get("base_model", "unknown"))
+    target = str(Path(args.target).resolve()) if Path(args.target).exists() else str(args.target)
+    name = none_if_empty(args.name) or naming.model_name_for(target)
+    c = store.client()
+    with store.registry_lock():  # a concurrent import of the same weights sees this one
+        store.ensure_registered_model(c, name, target)
+        existing = store.find_complete_version(c, name, sha)
+        if existing is not None:
+            return Registered(name, str(existing.version), sha, True)
+        store.drop_incomplete(c, name, sha)
+        tags = {naming.TAG_SOURCE: source_tag, naming.TAG_SHA256: sha, naming.TAG_TRAINED_FOR: trained_for,
+                **{f"card.{k}": v for k, v in card.items()}, **converted}  # fmt: skip
+        with step_run("import_drafter", run_name=f"import {Path(str(args.source)).name} -> {name}"):
+            revision = commit or none_if_empty(args.revision) or "none (a local folder)"
+            log_params({"source": args.source, "revision": revision, "name": name, "target": target,
+                        "trained_for": trained_for})  # fmt: skip
+            mlflow.set_tags({f"drafter.{k}": v for k, v in tags.items()})
+            mlflow.log_dict(hashes, "sha256.json")
+            mv = store.register_drafter(folder, name, tags, describe(source_tag, hashes, header, card, trained_for))
+            audit.move_alias(c, name, "imported", mv.version, f"imported from {source_tag}")
+    return Registered(name, str(mv.version), sha, False)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,6 +15,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -138,124 +139,143 @@ class Pipeline:
         return run_id, code
 
 
-def run(args: argparse.Namespace) -> int:
-    import mlflow
-    import pandas as pd
+@dataclass
+class Chain:
+    """What the pipeline made, step by step: the versions it registered, the data it captured, each
+    drafter's evaluation, and the promotion decision."""
 
-    from registry import naming, store
+    name: str
+    imported: str = ""
+    candidate: str = ""
+    scratch: str = ""
+    data: dict[str, Path] = field(default_factory=dict)
+    results: dict[str, tuple[str, dict[str, float]]] = field(default_factory=dict)
+    decision: str = ""
+
+    @property
+    def drafters(self) -> dict[str, str]:
+        return {"imported": self.imported, "fine-tuned": self.candidate, "scratch": self.scratch}
+
+
+def run(args: argparse.Namespace) -> int:
+    from registry import naming, reconcile, store
     from serving.profile import load_profile
 
-    target = str(MINIWORLD / "k2.5-mini")
-    source = str(MINIWORLD / "aq-mini-eagle3")
-    prompts = MINIWORLD / "prompts"
-    for needed in (target, source, prompts / "k2.5-train.jsonl"):
-        if not Path(needed).exists():
-            raise BadInput(f"{needed}: the mini world is missing; run `python -m miniworld.build`")
-    work = Path(args.workdir).resolve()
-    name = naming.model_name_for(target)
+    check_miniworld()
+    naming.pin_default_store(ROOT)  # the steps start in the project's folder: they must find this store
     c = store.client()
+    chain = Chain(naming.model_name_for(TARGET))
     t_start = time.perf_counter()
     with step_run("main") as parent:
         log_params(vars(args))
         p = Pipeline(c, parent.info.experiment_id)
-        p.step("import_drafter", {"source": source, "target": target})
-        imported = c.get_model_version_by_alias(name, "imported").version
-        uri_imp = f"models:/{name}/{imported}"
-        _, gate = p.step("shape_gate", {"model": uri_imp, "target": target}, ok_codes=(0, 1))
-        if gate == 1:
-            raise GateRefused(f"shape gate failed for {uri_imp} against {target}: pipeline stopped")
-        data = {}
-        for split in ("train", "val"):
-            out = work / "data" / f"k2.5-{split}"
-            p.step(
-                "make_data",
-                {
-                    "target": target,
-                    "prompts": str(prompts / f"k2.5-{split}.jsonl"),
-                    "out": str(out),
-                    "drafter": uri_imp,
-                    "max_len": "256",
-                },
-            )
-            data[split] = out
-        ft = {
-            "data": str(data["train"]),
-            "val_data": str(data["val"]),
-            "profile": args.profile,
-            "max_steps": args.max_steps,
-            "seed": "0",
-        }
-        ft_run, _ = p.step("finetune", {**ft, "init": uri_imp, "n_trials": args.n_trials})
-        candidate = version_from_run(c, name, ft_run)
-        best = {k.removeprefix("best."): v for k, v in c.get_run(ft_run).data.params.items() if k.startswith("best.")}
-        fixed = json.dumps({k: _typed(v) for k, v in sorted(best.items())})
-        sc_run, _ = p.step(
-            "finetune",
-            {
-                **ft,
-                "init": "scratch",
-                "n_trials": "1",
-                "fixed_params": fixed,
-                "alias": "none",
-                "name": name,
-                "study": f"scratch-{ft_run[:8]}",
-            },
+        import_and_gate(p, c, chain)
+        capture(p, chain, Path(args.workdir).resolve())
+        train_both(p, c, chain, args)
+        evaluate_all(p, c, chain, args)
+        pr_run, _ = p.step(
+            "promote", {"model": f"models:/{chain.name}/{chain.candidate}", "profile": args.profile}, ok_codes=(0, 1)
         )
-        scratch = version_from_run(c, name, sc_run)
-        drafters = {"imported": imported, "fine-tuned": candidate, "scratch": scratch}
-        for label in ("fine-tuned", "scratch"):
-            p.step("shape_gate", {"model": f"models:/{name}/{drafters[label]}", "target": target}, ok_codes=(0, 1))
-        results = {}
-        for label, version in drafters.items():
-            ev_run, _ = p.step(
-                "evaluate",
-                {
-                    "model": f"models:/{name}/{version}",
-                    "target": target,
-                    "data": str(data["val"]),
-                    "profile": args.profile,  # its pinned prompts: the evaluation that counts as evidence
-                    "limit": args.limit,
-                    "max_new_tokens": args.max_new_tokens,
-                },
-            )
-            results[label] = (version, c.get_run(ev_run).data.metrics)
-        pr_run, code = p.step(
-            "promote", {"model": f"models:/{name}/{candidate}", "profile": args.profile}, ok_codes=(0, 1)
+        chain.decision = c.get_run(pr_run).data.tags.get("promotion", "")
+        served = calibrated_lines(
+            p, Path(args.workdir).resolve(), args.calibrate, chain.results, load_profile(args.profile).draft_steps
         )
-        decision = c.get_run(pr_run).data.tags.get("promotion", "")
-        served = calibrated_lines(p, work, args.calibrate, results, load_profile(args.profile).draft_steps)
         seconds = time.perf_counter() - t_start
-        text = summary(name, results, args.profile, decision, seconds, served, where_now(c, name, drafters))
-        mlflow.log_text(text + "\n", "summary.md")
-        mlflow.set_tag("mlflow.note.content", text)  # the run's description in the UI is its summary
-        log_figure(comparison_figure(results, args.profile), "drafters_vs_break_even.png")
-        mlflow.log_metric("main_seconds", seconds)
-        # one row per drafter, under the evaluate runs' own metric names (Compare lines those runs up)
-        rows = [{"drafter": label, "version": v, **m} for label, (v, m) in results.items()]
-        mlflow.log_table(pd.DataFrame(rows), artifact_file="drafters.json")
-        best = max(results.values(), key=lambda vm: vm[1].get("accept_len", 0.0))[1]
-        cand = results["fine-tuned"][1]
-        mlflow.log_metrics(
-            {
-                "best_accept_len": best.get("accept_len", 0.0),
-                "break_even_accept_len": best["break_even_accept_len"],
-                # the candidate's gap to break-even (> 0: short of it), as promote measured it
-                "shortfall_vs_break_even": cand["break_even_accept_len"] - cand["accept_len"],
-                "ci_low_shortfall": cand["break_even_accept_len"] - cand["accept_len_ci_low"],
-            }
-        )
-        mlflow.set_tag("promotion", decision)
+        text = summary(chain.name, chain.results, args.profile, chain.decision, seconds, served,
+                       where_now(c, chain.name, chain.drafters))  # fmt: skip
+        publish(chain, text, seconds, args.profile)
     print("\n".join(p.log))
     print(text)
-    from registry import reconcile
-
-    reconcile.warn_if_disagreeing(c, name, "main")
+    reconcile.warn_if_disagreeing(c, chain.name, "main")
     print(
         f"\nBrowse it: mlflow ui --backend-store-uri {c.tracking_uri}\n"
         f"  this run:  {run_link(c, parent.info.run_id)}\n"
-        f"  the model: http://127.0.0.1:5000/#/models/{name}"
+        f"  the model: http://127.0.0.1:5000/#/models/{chain.name}"
     )
     return 0
+
+
+TARGET = str(MINIWORLD / "k2.5-mini")
+SOURCE = str(MINIWORLD / "aq-mini-eagle3")
+PROMPTS = MINIWORLD / "prompts"
+
+
+def check_miniworld() -> None:
+    for needed in (TARGET, SOURCE, PROMPTS / "k2.5-train.jsonl"):
+        if not Path(needed).exists():
+            raise BadInput(f"{needed}: the mini world is missing; run `python -m miniworld.build`")
+
+
+def import_and_gate(p: Pipeline, c: Any, chain: Chain) -> None:
+    """The public drafter imported, then gated against the new target: the pipeline stops on a refusal."""
+    p.step("import_drafter", {"source": SOURCE, "target": TARGET})
+    chain.imported = c.get_model_version_by_alias(chain.name, "imported").version
+    uri = f"models:/{chain.name}/{chain.imported}"
+    _, gate = p.step("shape_gate", {"model": uri, "target": TARGET}, ok_codes=(0, 1))
+    if gate == 1:
+        raise GateRefused(f"shape gate failed for {uri} against {TARGET}: pipeline stopped")
+
+
+def capture(p: Pipeline, chain: Chain, work: Path) -> None:
+    """The new target's hidden states for the fine-tuning set and the validation set."""
+    for split in ("train", "val"):
+        out = work / "data" / f"k2.5-{split}"
+        p.step("make_data", {"target": TARGET, "prompts": str(PROMPTS / f"k2.5-{split}.jsonl"), "out": str(out),
+                             "drafter": f"models:/{chain.name}/{chain.imported}", "max_len": "256"})  # fmt: skip
+        chain.data[split] = out
+
+
+def train_both(p: Pipeline, c: Any, chain: Chain, args: argparse.Namespace) -> None:
+    """The study warm-started from the import, then a scratch drafter at its best settings and budget;
+    both gated against the target."""
+    ft = {"data": str(chain.data["train"]), "val_data": str(chain.data["val"]), "profile": args.profile,
+          "max_steps": args.max_steps, "seed": "0"}  # fmt: skip
+    ft_run, _ = p.step("finetune", {**ft, "init": f"models:/{chain.name}/{chain.imported}", "n_trials": args.n_trials})
+    chain.candidate = version_from_run(c, chain.name, ft_run)
+    best = {k.removeprefix("best."): v for k, v in c.get_run(ft_run).data.params.items() if k.startswith("best.")}
+    fixed = json.dumps({k: _typed(v) for k, v in sorted(best.items())})
+    sc_run, _ = p.step("finetune", {**ft, "init": "scratch", "n_trials": "1", "fixed_params": fixed, "alias": "none",
+                                    "name": chain.name, "study": f"scratch-{ft_run[:8]}"})  # fmt: skip
+    chain.scratch = version_from_run(c, chain.name, sc_run)
+    for label in ("fine-tuned", "scratch"):
+        p.step("shape_gate", {"model": f"models:/{chain.name}/{chain.drafters[label]}", "target": TARGET},
+               ok_codes=(0, 1))  # fmt: skip
+
+
+def evaluate_all(p: Pipeline, c: Any, chain: Chain, args: argparse.Namespace) -> None:
+    """The three drafters on the same pinned prompts and profile (the evaluation that counts as evidence)."""
+    for label, version in chain.drafters.items():
+        ev_run, _ = p.step("evaluate", {"model": f"models:/{chain.name}/{version}", "target": TARGET,
+                                        "data": str(chain.data["val"]), "profile": args.profile,
+                                        "limit": args.limit, "max_new_tokens": args.max_new_tokens})  # fmt: skip
+        chain.results[label] = (version, c.get_run(ev_run).data.metrics)
+
+
+def publish(chain: Chain, text: str, seconds: float, profile: str) -> None:
+    """The summary as the run's description, the drafters side by side (figure and table), the headline metrics."""
+    import mlflow
+    import pandas as pd
+
+    results = chain.results
+    mlflow.log_text(text + "\n", "summary.md")
+    mlflow.set_tag("mlflow.note.content", text)  # the run's description in the UI is its summary
+    log_figure(comparison_figure(results, profile), "drafters_vs_break_even.png")
+    mlflow.log_metric("main_seconds", seconds)
+    # one row per drafter, under the evaluate runs' own metric names (Compare lines those runs up)
+    rows = [{"drafter": label, "version": v, **m} for label, (v, m) in results.items()]
+    mlflow.log_table(pd.DataFrame(rows), artifact_file="drafters.json")
+    best = max(results.values(), key=lambda vm: vm[1].get("accept_len", 0.0))[1]
+    cand = results["fine-tuned"][1]
+    mlflow.log_metrics(
+        {
+            "best_accept_len": best.get("accept_len", 0.0),
+            "break_even_accept_len": best["break_even_accept_len"],
+            # the candidate's gap to break-even (> 0: short of it), as promote measured it
+            "shortfall_vs_break_even": cand["break_even_accept_len"] - cand["accept_len"],
+            "ci_low_shortfall": cand["break_even_accept_len"] - cand["accept_len_ci_low"],
+        }
+    )
+    mlflow.set_tag("promotion", chain.decision)
 
 
 def where_now(c: Any, name: str, drafters: dict[str, str]) -> str:

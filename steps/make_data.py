@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
 from common.errors import BadInput
 from common.prompt_files import file_digest, read_prompts
@@ -40,6 +41,25 @@ def parse_layers(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    layers, drafter_ref, drafter_cfg, records = parse(args)
+    preflight(args.out)
+    target, plan, meta = prepare(args, layers, drafter_cfg, records)
+    with step_run("make_data", run_name=f"make_data {Path(args.out).name}"):
+        log_params({"target": args.target, "prompts": args.prompts, "out": args.out, "layers": layers,
+                    "max_len": args.max_len, "limit": args.limit, "drafter": drafter_ref or ""})  # fmt: skip
+        start = time.perf_counter()
+        index = capture(target, plan, args.out, layers, meta, shard_tokens=args.shard_tokens, progress=args.progress)
+        publish(args, index, time.perf_counter() - start)
+    print(
+        f"make_data: wrote {index['num_samples']} samples / {index['num_tokens']} tokens to {args.out} "
+        f"(digest {index['digest'][:12]})"
+    )
+    return 0
+
+
+def parse(args: argparse.Namespace) -> tuple[list[int], str | None, Any, list[dict]]:
+    """(aux layers to capture, the drafter named and its config, the prompt records): the layers from --layers,
+    else the drafter's config."""
     if args.max_len < 2 or args.limit < 0 or args.shard_tokens < 1:
         raise BadInput("--max_len must be >= 2, --limit >= 0, --shard_tokens >= 1")
     drafter_ref = none_if_empty(args.drafter)
@@ -54,8 +74,12 @@ def run(args: argparse.Namespace) -> int:
         layers = list(drafter_cfg.aux_layer_ids)
     else:
         raise BadInput("give --drafter (its config names the aux layers) or --layers")
-    records = read_prompts(args.prompts, args.limit or None)
-    preflight(args.out)
+    return layers, drafter_ref, drafter_cfg, read_prompts(args.prompts, args.limit or None)
+
+
+def prepare(args: argparse.Namespace, layers: list[int], drafter_cfg: Any, records: list[dict]):
+    """The target loaded and checked against the layers and the drafter, the capture planned (and announced),
+    and the dataset's meta (what contamination and evidence are checked by)."""
     target = load_target(args.target, progress=args.progress)
     target.check_layer_ids(layers)
     h = target.config.hidden_size
@@ -80,43 +104,27 @@ def run(args: argparse.Namespace) -> int:
         "max_len": args.max_len,
         "limit": args.limit,
     }
+    return target, plan, meta
+
+
+def publish(args: argparse.Namespace, index: dict, seconds: float) -> None:
+    """The dataset on the run: its size and speed, an MLflow dataset input, its index, its digest."""
     import mlflow
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
 
-    with step_run("make_data", run_name=f"make_data {Path(args.out).name}"):
-        log_params(
-            {
-                "target": args.target,
-                "prompts": args.prompts,
-                "out": args.out,
-                "layers": layers,
-                "max_len": args.max_len,
-                "limit": args.limit,
-                "drafter": drafter_ref or "",
-            }
-        )
-        start = time.perf_counter()
-        index = capture(target, plan, args.out, layers, meta, shard_tokens=args.shard_tokens, progress=args.progress)
-        seconds = time.perf_counter() - start
-        mlflow.log_metrics(
-            {
-                "num_samples": index["num_samples"],
-                "num_tokens": index["num_tokens"],
-                "capture_tokens_per_s": index["num_tokens"] / max(seconds, 1e-9),
-            }
-        )
-
-        out = Path(args.out).resolve()
-        dataset = MetaDataset(resolve_dataset_source(str(out)), name=out.name, digest=index["digest"][:36])
-        mlflow.log_input(dataset, context="hidden_states")
-        mlflow.log_artifact(str(out / "index.json"), artifact_path="dataset")
-        mlflow.set_tag("dataset_digest", index["digest"])
-    print(
-        f"make_data: wrote {index['num_samples']} samples / {index['num_tokens']} tokens to {args.out} "
-        f"(digest {index['digest'][:12]})"
+    mlflow.log_metrics(
+        {
+            "num_samples": index["num_samples"],
+            "num_tokens": index["num_tokens"],
+            "capture_tokens_per_s": index["num_tokens"] / max(seconds, 1e-9),
+        }
     )
-    return 0
+    out = Path(args.out).resolve()
+    dataset = MetaDataset(resolve_dataset_source(str(out)), name=out.name, digest=index["digest"][:36])
+    mlflow.log_input(dataset, context="hidden_states")
+    mlflow.log_artifact(str(out / "index.json"), artifact_path="dataset")
+    mlflow.set_tag("dataset_digest", index["digest"])
 
 
 def main(argv: list[str] | None = None) -> None:

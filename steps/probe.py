@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from common.errors import BadInput
 from common.paths import MINIWORLD
+from serving.profile import load_profile
 from steps._cli import log_figure, log_params, none_if_empty, parser, run_step, step_run
 from steps._inputs import integer, resolve_model
 
@@ -30,21 +33,46 @@ def build() -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace) -> int:
-    import mlflow
+@dataclass
+class Probe:
+    """What was measured: the states' similarity per layer, the drafter's zero-shot figures on each target,
+    and the words and table that say what they mean."""
 
+    label: str
+    mv: Any
+    records: int
+    sim: Any
+    old: Any
+    new: Any
+    line: str
+    against: str
+    table: str
+    break_even: float
+    old_name: str
+    new_name: str
+
+
+def run(args: argparse.Namespace) -> int:
+    limit, max_len = integer(args.limit, "limit"), integer(args.max_len, "max_len", 2)
+    profile = load_profile(args.profile)
+    probe = measure(args, profile, limit, max_len)
+    print(f"probe {probe.label}: {probe.old_name} -> {probe.new_name} on {probe.sim.tokens} tokens\n\n{probe.table}"
+          f"\n\nprobe: {probe.line}\n{probe.against}")  # fmt: skip
+    publish(args, profile, limit, max_len, probe)
+    return 0
+
+
+def measure(args: argparse.Namespace, profile: Any, limit: int, max_len: int) -> Probe:
+    """Both targets' states captured on the same prompts, compared layer by layer, and the drafter run zero-shot
+    on each."""
     from common.prompt_files import read_prompts
     from drafter.capture import capture_records
     from drafter.checkpoint import load_drafter
     from drafter.data import HiddenStateDataset
     from drafter.probe import compare, verdict
     from drafter.train import attach_target_embedding, check_fit, offline_stats
-    from reports.probe import figure
     from serving.cost import break_even_accept_len
-    from serving.profile import load_profile
 
-    limit, max_len = integer(args.limit, "limit"), integer(args.max_len, "max_len", 2)
-    profile = load_profile(args.profile)
     k = profile.draft_steps
     traffic_class = none_if_empty(args.traffic_class)
     if traffic_class:
@@ -69,7 +97,6 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise BadInput(f"{args.old_target} vs {args.new_target}: {exc}") from None
     old, new = zero_shot["old"], zero_shot["new"]
-    line = verdict(sim, old.sim_accept_len, new.sim_accept_len)
     be = break_even_accept_len(profile.binding())
     gap = be - new.sim_accept_len
     against = (
@@ -77,7 +104,14 @@ def run(args: argparse.Namespace) -> int:
         f"`{profile.name}` ({'short by' if gap > 0 else 'above it by'} {abs(gap):.2f}). "
         f"Measured on {len(records)} prompts ({sim.tokens} tokens)."
     )
-    table = "\n".join(
+    label = f"{mv.name} v{mv.version}" if mv is not None else Path(folder).name
+    return Probe(label, mv, len(records), sim, old, new, verdict(sim, old.sim_accept_len, new.sim_accept_len), against,
+                 probe_table(sim, old, new, k), be, Path(str(args.old_target)).name,
+                 Path(str(args.new_target)).name)  # fmt: skip
+
+
+def probe_table(sim: Any, old: Any, new: Any, k: int) -> str:
+    return "\n".join(
         ["| states | mean cosine | linear CKA |", "|---|---|---|"]
         + [f"| {'layer ' + s.layer if s.layer != 'final' else 'final norm'} | {s.cosine:.3f} | {s.cka:.3f} |"
            for s in sim.layers]
@@ -86,43 +120,52 @@ def run(args: argparse.Namespace) -> int:
         + [f"| {side} target | " + " | ".join(f"{a:.3f}" for a in st.conditional_acceptance)
            + f" | {st.sim_accept_len:.3f} |" for side, st in (("old", old), ("new", new))]
     )  # fmt: skip
-    label = f"{mv.name} v{mv.version}" if mv is not None else Path(folder).name
-    old_name, new_name = Path(str(args.old_target)).name, Path(str(args.new_target)).name
-    print(f"probe {label}: {old_name} -> {new_name} on {sim.tokens} tokens\n\n{table}\n\nprobe: {line}\n{against}")
-    with step_run("probe", run_name=f"probe {label}: {old_name} -> {new_name}"):
+
+
+def publish(args: argparse.Namespace, profile: Any, limit: int, max_len: int, pr: Probe) -> None:
+    """The run (metrics, verdict, table, figure) and, for a registry version, its tags and page."""
+    import mlflow
+
+    from reports.probe import figure
+
+    sim, old, new, k = pr.sim, pr.old, pr.new, profile.draft_steps
+    with step_run("probe", run_name=f"probe {pr.label}: {pr.old_name} -> {pr.new_name}"):
         log_params({"drafter": args.drafter, "old_target": args.old_target, "new_target": args.new_target,
                     "prompts": args.prompts, "limit": limit, "profile": profile.name, "draft_steps": k,
                     "max_len": max_len})  # fmt: skip
         metrics = {f"probe_cos_{s.layer}": s.cosine for s in sim.layers}
         metrics |= {f"probe_cka_{s.layer}": s.cka for s in sim.layers}
         metrics |= {"probe_token_agreement": sim.token_agreement, "zero_shot_sim_accept_len_old": old.sim_accept_len,
-                    "zero_shot_sim_accept_len_new": new.sim_accept_len, "break_even_accept_len": be,
-                    "shortfall_vs_break_even": gap, "prompts": len(records)}  # fmt: skip
+                    "zero_shot_sim_accept_len_new": new.sim_accept_len, "break_even_accept_len": pr.break_even,
+                    "shortfall_vs_break_even": pr.break_even - new.sim_accept_len,
+                    "prompts": pr.records}  # fmt: skip
         for side, st in (("old", old), ("new", new)):
             metrics |= {f"zero_shot_acc_pos_{i}_{side}": a for i, a in enumerate(st.conditional_acceptance)}
         mlflow.log_metrics(metrics)
-        mlflow.set_tags({"probe.verdict": line, "mlflow.note.content": f"**{line}**\n\n{against}\n\n{table}"})
-        mlflow.log_text(table + f"\n\n{line}\n", "probe.md")
-        log_figure(
-            figure(sim, old.conditional_acceptance, new.conditional_acceptance, f"{label}: {old_name} -> {new_name}"),
-            "probe.png",
+        mlflow.set_tags(
+            {"probe.verdict": pr.line, "mlflow.note.content": f"**{pr.line}**\n\n{pr.against}\n\n{pr.table}"}
         )
-        if mv is not None:
-            from registry import describe, store
+        mlflow.log_text(pr.table + f"\n\n{pr.line}\n", "probe.md")
+        title = f"{pr.label}: {pr.old_name} -> {pr.new_name}"
+        log_figure(figure(sim, old.conditional_acceptance, new.conditional_acceptance, title), "probe.png")
+        if pr.mv is not None:
+            tag_version(pr, mlflow.active_run().info.run_id)
 
-            c = store.client()
-            run_id = mlflow.active_run().info.run_id
-            tags = {"verdict": line, "run": run_id, "token_agreement": f"{sim.token_agreement:.4f}",
-                    "zero_shot_sim_accept_len": f"{new.sim_accept_len:.4f}",
-                    **{f"cos_{s.layer}": f"{s.cosine:.4f}" for s in sim.layers}}  # fmt: skip
-            for key, value in tags.items():
-                c.set_model_version_tag(mv.name, mv.version, f"probe.{new_name}.{key}", value[:5000])
-            describe.set_section(
-                c, mv.name, mv.version, f"probe:{new_name}",
-                f"## Probe {old_name} -> {new_name}\n\n{line}\n\n{against}\n\n{table}\n\n"
-                f"Run {describe.run_md(run_id)}.",
-            )  # fmt: skip
-    return 0
+
+def tag_version(pr: Probe, run_id: str) -> None:
+    from registry import describe, store
+
+    c, mv, sim = store.client(), pr.mv, pr.sim
+    tags = {"verdict": pr.line, "run": run_id, "token_agreement": f"{sim.token_agreement:.4f}",
+            "zero_shot_sim_accept_len": f"{pr.new.sim_accept_len:.4f}",
+            **{f"cos_{s.layer}": f"{s.cosine:.4f}" for s in sim.layers}}  # fmt: skip
+    for key, value in tags.items():
+        c.set_model_version_tag(mv.name, mv.version, f"probe.{pr.new_name}.{key}", value[:5000])
+    describe.set_section(
+        c, mv.name, mv.version, f"probe:{pr.new_name}",
+        f"## Probe {pr.old_name} -> {pr.new_name}\n\n{pr.line}\n\n{pr.against}\n\n{pr.table}\n\n"
+        f"Run {describe.run_md(run_id)}.",
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
+from typing import Any
 
 from common.errors import BadInput
 from serving.profile import load_profile
 from steps._cli import log_params, parser, run_step, step_run
+from steps._inputs import number
 
 
 def build() -> argparse.ArgumentParser:
@@ -19,102 +22,112 @@ def build() -> argparse.ArgumentParser:
     return p
 
 
+@dataclass
+class Judgement:
+    """The rule's decision on a version, with the evidence it recomputed and the text that explains it."""
+
+    mv: Any
+    candidate: Any
+    decision: Any
+    depth: str
+    lines: list[str]
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
 def run(args: argparse.Namespace) -> int:
+    from registry import store
+
+    profile, margin = parse(args)
+    c = store.client()
+    with store.registry_lock():  # nothing moves between the evidence read and the alias move
+        judgement = judge(c, args, profile, margin)
+        print(judgement.text)
+        publish(c, args, profile, margin, judgement)
+    return 0 if judgement.decision.allowed else 1
+
+
+def parse(args: argparse.Namespace) -> tuple[Any, float]:
+    profile = load_profile(args.profile)
+    # a margin past 1 token a cycle makes the rule say nothing
+    margin = number(args.margin, "margin", 0, 1, "between 0 and 1 (accept_len)")
+    return profile, margin
+
+
+def judge(c: Any, args: argparse.Namespace, profile: Any, margin: float) -> Judgement:
+    """The candidate's and the incumbent's evidence recomputed from their records, and the rule applied."""
     from mlflow.exceptions import MlflowException
 
-    from registry import audit, describe, evidence, naming, policy, store
+    from registry import evidence, naming, policy, reconcile, store
 
-    profile = load_profile(args.profile)
+    mv = store.get_version(args.model, c)
+    reconcile.warn_if_disagreeing(c, mv.name, "promote")
+    model_target = c.get_registered_model(mv.name).tags.get(naming.MODEL_TAG_TARGET)
+    if not model_target:
+        raise BadInput(f"registered model {mv.name!r} names no target (tag '{naming.MODEL_TAG_TARGET}')")
+    candidate = evidence.recompute(c, mv, profile, model_target)
+    incumbent, note = None, ""
     try:
-        margin = float(args.margin)
-    except ValueError:
-        raise BadInput(f"--margin must be a number, got {args.margin!r}") from None
-    if not 0 <= margin <= 1:  # nan and inf included: a margin past 1 token a cycle makes the rule say nothing
-        raise BadInput(f"--margin must be between 0 and 1 (accept_len), got {args.margin}")
-    c = store.client()
-    with store.registry_lock():
-        mv = store.get_version(args.model, c)
-        from registry import reconcile
+        cur = c.get_model_version_by_alias(mv.name, args.stage)
+        incumbent = (
+            candidate if str(cur.version) == str(mv.version) else evidence.recompute(c, cur, profile, model_target)
+        )
+    except MlflowException:
+        if args.stage in c.get_registered_model(mv.name).aliases:
+            note = f"the {args.stage} alias pointed at a deleted version; treated as empty"
+            c.delete_registered_model_alias(mv.name, args.stage)
+    decision = policy.decide(candidate, args.stage, model_target, incumbent, margin)
+    lines = [f"promote models:/{mv.name}/{mv.version} to {args.stage} on {profile.name}:", "",
+             "| rule | verdict | detail |", "|---|---|---|"]  # fmt: skip
+    lines += [f"| {r.rule} | {'ok' if r.ok else 'NO'} | {r.detail} |" for r in decision.reasons]
+    depth = recommended_depth(profile, candidate)
+    if depth:
+        lines.append(f"\nserve at: {depth} (evaluated at k={profile.draft_steps}; another depth is another deployment)")
+    if note:
+        lines.append(f"\nnote: {note}")
+    lines.append(f"\npromote: {decision.summary()}")
+    return Judgement(mv, candidate, decision, depth, lines)
 
-        reconcile.warn_if_disagreeing(c, mv.name, "promote")
-        model_target = c.get_registered_model(mv.name).tags.get(naming.MODEL_TAG_TARGET)
-        if not model_target:
-            raise BadInput(f"registered model {mv.name!r} names no target (tag '{naming.MODEL_TAG_TARGET}')")
-        candidate = evidence.recompute(c, mv, profile, model_target)
-        incumbent, note = None, ""
-        try:
-            cur = c.get_model_version_by_alias(mv.name, args.stage)
-            incumbent = (
-                candidate if str(cur.version) == str(mv.version) else evidence.recompute(c, cur, profile, model_target)
-            )
-        except MlflowException:
-            if args.stage in c.get_registered_model(mv.name).aliases:
-                note = f"the {args.stage} alias pointed at a deleted version; treated as empty"
-                c.delete_registered_model_alias(mv.name, args.stage)
-        decision = policy.decide(candidate, args.stage, model_target, incumbent, margin)
-        lines = [
-            f"promote models:/{mv.name}/{mv.version} to {args.stage} on {profile.name}:",
-            "",
-            "| rule | verdict | detail |",
-            "|---|---|---|",
-        ]
-        lines += [f"| {r.rule} | {'ok' if r.ok else 'NO'} | {r.detail} |" for r in decision.reasons]
-        depth = recommended_depth(profile, candidate)
-        if depth:
-            lines.append(
-                f"\nserve at: {depth} (evaluated at k={profile.draft_steps}; another depth is another deployment)"
-            )
-        if note:
-            lines.append(f"\nnote: {note}")
-        lines.append(f"\npromote: {decision.summary()}")
-        text = "\n".join(lines)
-        print(text)
-        outcome = "promoted" if decision.allowed else "refused"
-        with step_run("promote", run_name=f"promote v{mv.version} -> {args.stage}: {outcome}"):
-            import mlflow
 
-            log_params({"model": args.model, "profile": profile.name, "stage": args.stage, "margin": margin})
-            mlflow.log_text(text + "\n", "promotion.md")
-            mlflow.set_tag("mlflow.note.content", verdict(mv.version, args.stage, decision, candidate) + "\n\n" + text)
-            mlflow.log_metrics(gap_metrics(candidate))
-            mlflow.set_tags(
-                {
-                    "promotion": decision.summary()[:4000],
-                    "promotion.version": str(mv.version),
-                    "promotion.evidence_run": decision.evidence_run or "",
-                    "promotion.profile_digest": profile.digest[:16],
-                    "promotion.recommended_depth": depth[:4000],
-                }
-            )
-            reasons = {r.rule: {"ok": r.ok, "detail": r.detail} for r in decision.reasons}
-            audit.record(
-                c,
-                mv.name,
-                mv.version,
-                f"promote:{args.stage}:{'yes' if decision.allowed else 'no'}",
-                reasons,
-                summary=decision.summary(),
-                profile=profile.name,
-                profile_digest=profile.digest[:16],
-                evidence_run=decision.evidence_run or "",
-                recommended_depth=depth,
-            )
-            c.set_model_version_tag(
-                mv.name, mv.version, naming.TAG_PROMOTION, f"{decision.summary()} (profile {profile.name})"[:4000]
-            )
-            describe.set_section(
-                c, mv.name, mv.version, f"promotion:{args.stage}",
-                f"## Promotion to {args.stage} on `{profile.name}`: {'promoted' if decision.allowed else 'refused'}"
-                "\n\n" + "\n".join(lines[2:-1]) + f"\n\nDecided {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
-                f"(run {describe.run_md(mlflow.active_run().info.run_id, mlflow.active_run().info.experiment_id)}; "
-                f"evidence {describe.run_md(decision.evidence_run or '')}).",
-            )  # fmt: skip
-            if decision.allowed:  # the alias moves last, after every check and record
-                audit.move_alias(c, mv.name, args.stage, mv.version, decision.summary(), by_promote=True,
-                                 evidence_run=decision.evidence_run or "", terms=f"{profile.name} "
-                                 f"{profile.digest[:16]}, margin {margin:g}")  # fmt: skip
-            describe.refresh_model_page(c, mv.name, f"v{mv.version} -> {args.stage}: {decision.summary()}")
-    return 0 if decision.allowed else 1
+def publish(c: Any, args: argparse.Namespace, profile: Any, margin: float, j: Judgement) -> None:
+    """The run, the audit line, the version's tag and page; the alias moves last, after every record."""
+    import mlflow
+
+    from registry import audit, describe, naming
+
+    mv, decision, depth = j.mv, j.decision, j.depth
+    outcome = "promoted" if decision.allowed else "refused"
+    with step_run("promote", run_name=f"promote v{mv.version} -> {args.stage}: {outcome}"):
+        log_params({"model": args.model, "profile": profile.name, "stage": args.stage, "margin": margin})
+        mlflow.log_text(j.text + "\n", "promotion.md")
+        mlflow.set_tag("mlflow.note.content", verdict(mv.version, args.stage, decision, j.candidate) + "\n\n" + j.text)
+        mlflow.log_metrics(gap_metrics(j.candidate))
+        mlflow.set_tags({"promotion": decision.summary()[:4000], "promotion.version": str(mv.version),
+                         "promotion.evidence_run": decision.evidence_run or "",
+                         "promotion.profile_digest": profile.digest[:16],
+                         "promotion.recommended_depth": depth[:4000]})  # fmt: skip
+        reasons = {r.rule: {"ok": r.ok, "detail": r.detail} for r in decision.reasons}
+        audit.record(c, mv.name, mv.version, f"promote:{args.stage}:{'yes' if decision.allowed else 'no'}", reasons,
+                     summary=decision.summary(), profile=profile.name, profile_digest=profile.digest[:16],
+                     evidence_run=decision.evidence_run or "", recommended_depth=depth)  # fmt: skip
+        c.set_model_version_tag(
+            mv.name, mv.version, naming.TAG_PROMOTION, f"{decision.summary()} (profile {profile.name})"[:4000]
+        )
+        run = mlflow.active_run().info
+        describe.set_section(
+            c, mv.name, mv.version, f"promotion:{args.stage}",
+            f"## Promotion to {args.stage} on `{profile.name}`: {outcome}"
+            "\n\n" + "\n".join(j.lines[2:-1]) + f"\n\nDecided {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
+            f"(run {describe.run_md(run.run_id, run.experiment_id)}; "
+            f"evidence {describe.run_md(decision.evidence_run or '')}).",
+        )  # fmt: skip
+        if decision.allowed:  # the alias moves last, after every check and record
+            audit.move_alias(c, mv.name, args.stage, mv.version, decision.summary(), by_promote=True,
+                             evidence_run=decision.evidence_run or "", terms=f"{profile.name} "
+                             f"{profile.digest[:16]}, margin {margin:g}")  # fmt: skip
+        describe.refresh_model_page(c, mv.name, f"v{mv.version} -> {args.stage}: {decision.summary()}")
 
 
 def gap_metrics(ev) -> dict[str, float]:

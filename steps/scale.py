@@ -7,7 +7,10 @@ the profile's deployment) for break-even and each row of the `plan` table."""
 from __future__ import annotations
 
 import argparse
+import itertools
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from common.errors import BadInput
 from common.paths import MINIWORLD
@@ -49,19 +52,60 @@ def class_validation(profile, name: str | None, dataset, args: argparse.Namespac
     return HiddenStateDataset(out)
 
 
+@dataclass(frozen=True)
+class Request:
+    args: argparse.Namespace
+    sizes: list[int]
+    seeds: list[int]
+    epochs: float
+    targets: list[float]
+    profile: Any
+    settings: dict[str, Any]
+
+
+@dataclass
+class Ladder:
+    """What the rungs are drawn from: the dataset and its validation set, both inits, and what a sample costs."""
+
+    dataset: Any
+    val: Any
+    base: Any
+    scratch_cfg: Any
+    version: Any  # the registry version warm-started from, if any
+    tokens_per_sample: float
+    bytes_per_token: float
+
+
+@dataclass
+class Answer:
+    """The fits and what they say: the table, the metrics, the tags that say why not, the warnings."""
+
+    fits: dict[str, dict[float, Any]]
+    metrics: dict[str, float]
+    tags: dict[str, str]
+    warn: list[str]
+    text: str
+
+
 def run(args: argparse.Namespace) -> int:
     import mlflow
-    import pandas as pd
 
-    from drafter.data import HiddenStateDataset
-    from drafter.train import TrainConfig
-    from reports.scaling import figure, headline, rows, sig, warnings_for
-    from reports.scaling import table as table_text
-    from serving.cost import break_even_accept_len, plan_table
+    request = parse(args)
+    ladder = load(request)
+    with step_run("scale", run_name=f"scale {Path(args.data).name} @ {request.profile.name}"):
+        log_params({"init": args.init, "data": args.data, "val_data": args.val_data, "sizes": args.sizes,
+                    "seeds": args.seeds, "profile": request.profile.name, "tps": args.tps, "settings": args.settings,
+                    "epochs": request.epochs, "val_draft_steps": request.profile.draft_steps,
+                    **request.settings})  # fmt: skip
+        points = climb(request, ladder)
+        answer = conclude(request, ladder, points)
+        publish(request, ladder, points, answer, mlflow.active_run().info.run_id)
+    print(answer.text)
+    return 0
+
+
+def parse(args: argparse.Namespace) -> Request:
     from serving.profile import load_profile
-    from serving.scaling import estimate, generation_hours, storage_gib
-    from tuning.ladder import run_point
-    from tuning.register import prepare_init
     from tuning.space import load_settings
 
     sizes, seeds = integers(args.sizes, "sizes", 1, repeats=True), integers(args.seeds, "seeds", 0, repeats=True)
@@ -72,108 +116,133 @@ def run(args: argparse.Namespace) -> int:
         targets = [float(x) for x in args.tps.split(",") if x.strip()]
     except ValueError:
         raise BadInput("--epochs and --tps must be numbers") from None
-    profile = load_profile(args.profile)
-    settings = load_settings(args.settings)
-    base_cfg = TrainConfig(**{**settings, "val_draft_steps": profile.draft_steps})
+    return Request(args, sizes, seeds, epochs, targets, load_profile(args.profile), load_settings(args.settings))
+
+
+def load(request: Request) -> Ladder:
+    """The dataset the rungs draw from, the validation set, and both inits (warm and scratch)."""
+    from drafter.data import HiddenStateDataset
+    from tuning.register import prepare_init
+
+    args = request.args
     dataset = HiddenStateDataset(args.data)
-    val = class_validation(profile, none_if_empty(args.traffic_class), dataset, args) or HiddenStateDataset(
+    val = class_validation(request.profile, none_if_empty(args.traffic_class), dataset, args) or HiddenStateDataset(
         args.val_data
     )
-    if max(sizes) > len(dataset):
-        raise BadInput(f"--sizes: {max(sizes)} samples asked, {args.data} holds {len(dataset)}")
+    if max(request.sizes) > len(dataset):
+        raise BadInput(f"--sizes: {max(request.sizes)} samples asked, {args.data} holds {len(dataset)}")
     base, _, version = prepare_init(args.init, dataset, args.arch)
     _, scratch_cfg, _ = prepare_init("scratch", dataset, args.arch)
-    tokens_per_sample = dataset.index["num_tokens"] / max(len(dataset), 1)
     on_disk = sum(f.stat().st_size for f in Path(args.data).glob("*") if f.is_file())
-    bytes_per_token = on_disk / max(dataset.index["num_tokens"], 1)
-    be = break_even_accept_len(profile)
-    rows_plan = plan_table(profile, [profile.baseline_tps, *[x for x in targets if x != profile.baseline_tps]])
-    ceiling = profile.draft_steps + 1.0  # k draft steps accept at most k tokens, plus the bonus one
-    with step_run("scale", run_name=f"scale {Path(args.data).name} @ {profile.name}"):
-        log_params({"init": args.init, "data": args.data, "val_data": args.val_data, "sizes": args.sizes,
-                    "seeds": args.seeds, "profile": profile.name, "tps": args.tps, "settings": args.settings,
-                    "epochs": epochs, "val_draft_steps": profile.draft_steps, **settings})  # fmt: skip
-        points = []
-        for start in ("warm", "scratch"):
-            for size in sizes:
-                for seed in seeds:
-                    with mlflow.start_run(run_name=f"{start} n={size} seed {seed}", nested=True,
-                                          experiment_id=mlflow.active_run().info.experiment_id):  # fmt: skip
-                        pt = run_point(start, base, scratch_cfg, dataset, val, base_cfg, size, seed, epochs)
-                        mlflow.log_params({"start": start, "samples": size, "seed": seed, "steps": pt.steps})
-                        mlflow.log_metric("val_sim_accept_len", pt.val_sim_accept_len)
-                    points.append(pt)
-                    print(f"scale: {start} n={size} seed {seed}: val_sim_accept_len {pt.val_sim_accept_len:.3f}")
-        fits, lines = {}, []
-        for start in ("warm", "scratch"):
-            mine = [p for p in points if p.start == start]
-            try:
-                fits[start] = {
-                    row.target_tps: estimate([p.samples for p in mine], [p.val_sim_accept_len for p in mine],
-                                             row.required_accept_len, ceiling=ceiling)
-                    for row in rows_plan
-                }  # fmt: skip
-            except (RuntimeError, ValueError) as exc:
-                mlflow.set_tag(f"scale.{start}.fit", f"failed: {exc}")
-                if start == "warm":
-                    mlflow.set_tag("samples_for_break_even", f"not estimated: the warm fit failed ({exc})")
-        all_rows = rows(
-            fits, rows_plan, ceiling, profile.draft_steps,
-            lambda n: generation_hours(n, tokens_per_sample, profile.baseline_tps),
-            lambda n: storage_gib(n, tokens_per_sample, round(bytes_per_token)),
-        )  # fmt: skip
-        table = table_text(all_rows)
-        metrics = {}
-        warm = fits.get("warm", {}).get(profile.baseline_tps)
-        if warm is not None and warm.reachable:
-            metrics |= {"samples_for_break_even": warm.samples, "samples_for_break_even_low": warm.low,
-                        "samples_for_break_even_high": min(warm.high, 1e15)}  # fmt: skip
-        elif warm is not None and warm.samples is not None and warm.curve.a > be:
-            why = f"{warm.why_not}: the warm curve approaches break-even {be:.3f} too slowly"
-            mlflow.set_tag("samples_for_break_even", why)
-        elif warm is not None:
-            why = (
-                f"not reachable: the warm curve's ceiling {warm.curve.a:.3f} "
-                f"[{warm.ceiling_low:.3f}, {warm.ceiling_high:.3f}] is below break-even {be:.3f}"
-            )
-            mlflow.set_tag("samples_for_break_even", why)
-        for start, by_row in fits.items():
-            curve = by_row[profile.baseline_tps].curve
-            metrics |= {f"curve_{start}_a": curve.a, f"curve_{start}_b": curve.b, f"curve_{start}_c": curve.c}
-        metrics |= half_ladder_check(points, sizes, ceiling)
-        at_largest = [p.val_sim_accept_len for p in points if p.start == "warm" and p.samples == max(sizes)]
-        metrics["shortfall_vs_break_even"] = be - sum(at_largest) / len(at_largest)  # measured, largest rung
-        mlflow.log_metrics(metrics)
-        warn = warnings_for(warm, max(sizes), ceiling) if warm is not None else []
-        if warn:
-            mlflow.set_tag("scale.warning", "; ".join(warn)[:5000])
-        top = headline("warm", warm, be, profile.name, sizes, len(seeds), warn)
-        text = f"{top}\n\n{table}"
-        mlflow.log_text(text + "\n", "scale.md")
-        mlflow.log_table(pd.DataFrame([p.__dict__ for p in points]), artifact_file="ladder.json")
-        fig = figure(points, fits, profile.baseline_tps, be, profile.name, profile.draft_steps)
-        log_figure(fig, "learning_curve.png")
-        lines.append(text)
-        mlflow.set_tag("mlflow.note.content", text)
-        if version is not None:  # the answer sits on the page of the drafter it concerns
-            from registry import describe, store
+    tokens = dataset.index["num_tokens"]
+    return Ladder(dataset, val, base, scratch_cfg, version, tokens / max(len(dataset), 1), on_disk / max(tokens, 1))
 
-            c, run_id = store.client(), mlflow.active_run().info.run_id
-            answer = mlflow.get_run(run_id).data.tags.get("samples_for_break_even", "")[:250]  # why not
-            if "samples_for_break_even" in metrics:
-                answer = sig(metrics["samples_for_break_even"]) + (
-                    " (extrapolated far beyond the ladder)" if warn else ""
-                )
-            c.set_model_version_tag(
-                version.name, version.version, f"scale.{profile.name}.samples_for_break_even", answer
-            )
-            c.set_model_version_tag(version.name, version.version, f"scale.{profile.name}.run", run_id)
-            describe.set_section(
-                c, version.name, version.version, f"scale:{profile.name}",
-                f"## How much data on `{profile.name}`\n\n{text}\n\nRun {describe.run_md(run_id)}.",
-            )  # fmt: skip
-    print("\n".join(lines))
-    return 0
+
+def climb(request: Request, ladder: Ladder) -> list[Any]:
+    """Every rung, warm and from scratch, each seed: one nested run per training."""
+    import mlflow
+
+    from drafter.train import TrainConfig
+    from tuning.ladder import run_point
+
+    base_cfg = TrainConfig(**{**request.settings, "val_draft_steps": request.profile.draft_steps})
+    experiment = mlflow.active_run().info.experiment_id
+    points = []
+    for start, size, seed in itertools.product(("warm", "scratch"), request.sizes, request.seeds):
+        with mlflow.start_run(run_name=f"{start} n={size} seed {seed}", nested=True, experiment_id=experiment):
+            pt = run_point(start, ladder.base, ladder.scratch_cfg, ladder.dataset, ladder.val, base_cfg, size, seed,
+                           request.epochs)  # fmt: skip
+            mlflow.log_params({"start": start, "samples": size, "seed": seed, "steps": pt.steps})
+            mlflow.log_metric("val_sim_accept_len", pt.val_sim_accept_len)
+        points.append(pt)
+        print(f"scale: {start} n={size} seed {seed}: val_sim_accept_len {pt.val_sim_accept_len:.3f}")
+    return points
+
+
+def conclude(request: Request, ladder: Ladder, points: list[Any]) -> Answer:
+    """The learning curves fitted per start, read off at break-even and each plan row (pure: no I/O)."""
+    from reports.scaling import headline, rows, warnings_for
+    from reports.scaling import table as table_text
+    from serving.cost import break_even_accept_len, plan_table
+    from serving.scaling import estimate, generation_hours, storage_gib
+
+    profile, sizes = request.profile, request.sizes
+    be = break_even_accept_len(profile)
+    plan = plan_table(profile, [profile.baseline_tps, *[x for x in request.targets if x != profile.baseline_tps]])
+    ceiling = profile.draft_steps + 1.0  # k draft steps accept at most k tokens, plus the bonus one
+    fits, tags, metrics = {}, {}, {}
+    for start in ("warm", "scratch"):
+        mine = [p for p in points if p.start == start]
+        samples, values = [p.samples for p in mine], [p.val_sim_accept_len for p in mine]
+        try:
+            fits[start] = {row.target_tps: estimate(samples, values, row.required_accept_len, ceiling=ceiling)
+                           for row in plan}  # fmt: skip
+        except (RuntimeError, ValueError) as exc:
+            tags[f"scale.{start}.fit"] = f"failed: {exc}"
+            if start == "warm":
+                tags["samples_for_break_even"] = f"not estimated: the warm fit failed ({exc})"
+    all_rows = rows(
+        fits, plan, ceiling, profile.draft_steps,
+        lambda n: generation_hours(n, ladder.tokens_per_sample, profile.baseline_tps),
+        lambda n: storage_gib(n, ladder.tokens_per_sample, round(ladder.bytes_per_token)),
+    )  # fmt: skip
+    warm = fits.get("warm", {}).get(profile.baseline_tps)
+    if warm is not None and warm.reachable:
+        metrics |= {"samples_for_break_even": warm.samples, "samples_for_break_even_low": warm.low,
+                    "samples_for_break_even_high": min(warm.high, 1e15)}  # fmt: skip
+    elif warm is not None and warm.samples is not None and warm.curve.a > be:
+        tags["samples_for_break_even"] = f"{warm.why_not}: the warm curve approaches break-even {be:.3f} too slowly"
+    elif warm is not None:
+        tags["samples_for_break_even"] = (
+            f"not reachable: the warm curve's ceiling {warm.curve.a:.3f} "
+            f"[{warm.ceiling_low:.3f}, {warm.ceiling_high:.3f}] is below break-even {be:.3f}"
+        )
+    for start, by_row in fits.items():
+        curve = by_row[profile.baseline_tps].curve
+        metrics |= {f"curve_{start}_a": curve.a, f"curve_{start}_b": curve.b, f"curve_{start}_c": curve.c}
+    metrics |= half_ladder_check(points, sizes, ceiling)
+    at_largest = [p.val_sim_accept_len for p in points if p.start == "warm" and p.samples == max(sizes)]
+    metrics["shortfall_vs_break_even"] = be - sum(at_largest) / len(at_largest)  # measured, largest rung
+    warn = warnings_for(warm, max(sizes), ceiling) if warm is not None else []
+    if warn:
+        tags["scale.warning"] = "; ".join(warn)[:5000]
+    top = headline("warm", warm, be, profile.name, sizes, len(request.seeds), warn)
+    return Answer(fits, metrics, tags, warn, f"{top}\n\n{table_text(all_rows)}")
+
+
+def publish(request: Request, ladder: Ladder, points: list[Any], answer: Answer, run_id: str) -> None:
+    """The answer on the run (metrics, tags, table, ladder, figure) and on the page of the drafter it concerns."""
+    import mlflow
+    import pandas as pd
+
+    from reports.scaling import figure, sig
+    from serving.cost import break_even_accept_len
+
+    profile = request.profile
+    mlflow.set_tags(answer.tags)
+    mlflow.log_metrics(answer.metrics)
+    mlflow.log_text(answer.text + "\n", "scale.md")
+    mlflow.log_table(pd.DataFrame([p.__dict__ for p in points]), artifact_file="ladder.json")
+    be = break_even_accept_len(profile)
+    log_figure(figure(points, answer.fits, profile.baseline_tps, be, profile.name, profile.draft_steps),
+               "learning_curve.png")  # fmt: skip
+    mlflow.set_tag("mlflow.note.content", answer.text)
+    if ladder.version is None:
+        return
+    from registry import describe, store
+
+    c, v = store.client(), ladder.version
+    answer_tag = answer.tags.get("samples_for_break_even", "")[:250]  # why not
+    if "samples_for_break_even" in answer.metrics:
+        answer_tag = sig(answer.metrics["samples_for_break_even"]) + (
+            " (extrapolated far beyond the ladder)" if answer.warn else ""
+        )
+    c.set_model_version_tag(v.name, v.version, f"scale.{profile.name}.samples_for_break_even", answer_tag)
+    c.set_model_version_tag(v.name, v.version, f"scale.{profile.name}.run", run_id)
+    describe.set_section(
+        c, v.name, v.version, f"scale:{profile.name}",
+        f"## How much data on `{profile.name}`\n\n{answer.text}\n\nRun {describe.run_md(run_id)}.",
+    )  # fmt: skip
 
 
 def half_ladder_check(points, sizes: list[int], ceiling: float) -> dict[str, float]:

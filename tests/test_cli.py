@@ -1,5 +1,8 @@
 """The shared CLI rules that need no step to show them."""
 
+import os
+from pathlib import Path
+
 import pytest
 
 from steps._cli import _no_secrets, none_if_empty
@@ -47,3 +50,29 @@ def test_a_step_forked_from_the_zygote_is_what_a_new_interpreter_gives(tmp_path)
     boom = ZYGOTE.run("boom", [], tmp_path, step_env(tmp_path), timeout=60)  # found in its working folder
     assert boom.returncode == 1 and boom.stdout == "out\n"
     assert boom.stderr.startswith("Traceback") and "ValueError: uncaught" in boom.stderr
+
+
+def test_main_pins_the_default_store_to_the_folder_it_runs_in(tmp_path, monkeypatch):
+    """`mlflow run` starts each step in the project's folder: run from elsewhere, main names the user's
+    store by its absolute path (or refuses a path an SQLite URL would misread); in the project's own folder,
+    or with a store the user named, nothing changes."""
+    from common.errors import BadInput
+    from registry import naming
+
+    project = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", naming.DEFAULT_TRACKING_URI)
+    monkeypatch.chdir(project)
+    naming.pin_default_store(project)
+    assert os.environ["MLFLOW_TRACKING_URI"] == naming.DEFAULT_TRACKING_URI
+    monkeypatch.chdir(tmp_path)
+    naming.pin_default_store(project)
+    assert os.environ["MLFLOW_TRACKING_URI"] == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////elsewhere/mine.db")
+    naming.pin_default_store(project)
+    assert os.environ["MLFLOW_TRACKING_URI"] == "sqlite:////elsewhere/mine.db"
+    odd = tmp_path / "50%?"
+    odd.mkdir()
+    monkeypatch.chdir(odd)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", naming.DEFAULT_TRACKING_URI)
+    with pytest.raises(BadInput, match="cannot hold the default store"):
+        naming.pin_default_store(project)

@@ -53,9 +53,7 @@ def test_the_readme_is_a_front_page_with_a_complete_layout():
         elif room and line.startswith("  "):
             for m in re.findall(r"\b([\w/]+\.py)\b", line):
                 named.add(m if m.split("/")[0] in ROOMS else f"{room}/{m}")
-    present = {
-        str(p.relative_to(ROOT)) for r in ROOMS for p in (ROOT / r).rglob("*.py") if p.name != "__init__.py"
-    }
+    present = {str(p.relative_to(ROOT)) for r in ROOMS for p in (ROOT / r).rglob("*.py") if p.name != "__init__.py"}
     assert sorted(named - present) == []  # named but missing
     assert sorted(present - named) == []  # present but left out
 
