@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from common.paths import MINIWORLD
 from drafter.compat import Check, check_compat, compare_drafters, drafter_facts, target_facts, verdict
@@ -68,10 +70,33 @@ def section(target: str, result: str, md: str) -> str:
     return f"## Shape gate vs `{target}`: {result}\n\n{md}\n"
 
 
-def run(args: argparse.Namespace) -> int:
-    import mlflow
-    import pandas as pd
+@dataclass
+class Gate:
+    """The gate's checks from headers and configs, its verdict, and the tables that show them."""
 
+    mv: Any
+    label: str
+    checks: list
+    result: str  # passed, failed or unproven
+    md: str
+    engine_rows: list
+    comparison: str | None  # the side-by-side table against --reference, if given
+    lines: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return self.result != "failed"
+
+
+def run(args: argparse.Namespace) -> int:
+    gate = measure(args)
+    print("\n".join(gate.lines))
+    publish(args, gate)
+    return 0 if gate.ok else 1
+
+
+def measure(args: argparse.Namespace) -> Gate:
+    """Every check of the drafter against the target (headers and configs only), and the engines' aux ids."""
     facts, mv = facts_for(args.model)
     if mv is not None:
         from registry import reconcile, store
@@ -80,45 +105,51 @@ def run(args: argparse.Namespace) -> int:
     tfacts = target_facts(args.target)
     checks = check_compat(facts, tfacts)
     result = verdict(checks)
-    ok = result != "failed"
     md = table(checks)
     engines_md, engine_rows = engine_table(list(facts.config.aux_layer_ids), tfacts.config.num_hidden_layers)
     md += "\n\nAux layers as each serving engine is handed them:\n\n" + engines_md
-    out = [f"shape_gate: {facts.source} vs target {tfacts.source}", "", md]
+    lines = [f"shape_gate: {facts.source} vs target {tfacts.source}", "", md]
     reference = none_if_empty(args.reference)
     cmp_md = None
     if reference:
         ref_facts, _ = facts_for(reference)
         cmp_md = comparison_table(compare_drafters(ref_facts.header, facts.header), reference, args.model)
-        out += ["", f"side by side: {reference} vs {args.model}", "", cmp_md]
+        lines += ["", f"side by side: {reference} vs {args.model}", "", cmp_md]
     failed = [c.name for c in checks if c.ok is False]
     unproven = [c.name for c in checks if c.ok is None and not c.informational]
     detail = failed or unproven
-    out += ["", f"shape_gate: {result.upper()}" + (f" ({', '.join(detail)})" if detail else "")]
-    if unproven and ok:
-        out.append("shape_gate: some checks could not be made; production needs a gate against the target's weights")
-    print("\n".join(out))
-    drafter_label = f"v{mv.version}" if mv is not None else facts.source.split("/")[-1]
-    with step_run("shape_gate", run_name=f"shape_gate {drafter_label} vs {Path(str(args.target)).name}"):
-        log_params({"model": args.model, "target": args.target, "reference": reference or ""})
+    lines += ["", f"shape_gate: {result.upper()}" + (f" ({', '.join(detail)})" if detail else "")]
+    if unproven and result != "failed":
+        lines.append("shape_gate: some checks could not be made; production needs a gate against the target's weights")
+    label = f"v{mv.version}" if mv is not None else facts.source.split("/")[-1]
+    return Gate(mv, label, checks, result, md, engine_rows, cmp_md, lines)
+
+
+def publish(args: argparse.Namespace, gate: Gate) -> None:
+    """The run (the checks as a table, the text, the engines' aux ids) and, for a version, its gate tags, page
+    section and audit line."""
+    import mlflow
+    import pandas as pd
+
+    mv, result, md = gate.mv, gate.result, gate.md
+    with step_run("shape_gate", run_name=f"shape_gate {gate.label} vs {Path(str(args.target)).name}"):
+        log_params({"model": args.model, "target": args.target, "reference": none_if_empty(args.reference) or ""})
         mlflow.log_table(
-            pd.DataFrame([c.__dict__ | {"verdict": c.verdict} for c in checks]).drop(columns=["ok"]),
+            pd.DataFrame([c.__dict__ | {"verdict": c.verdict} for c in gate.checks]).drop(columns=["ok"]),
             artifact_file="shape_gate.json",
         )
-        mlflow.log_text(md + ("\n\n" + cmp_md if cmp_md else "") + "\n", "shape_gate.md")
-        mlflow.log_dict({"engines": engine_rows}, "aux_layers_by_engine.json")
+        mlflow.log_text(md + ("\n\n" + gate.comparison if gate.comparison else "") + "\n", "shape_gate.md")
+        mlflow.log_dict({"engines": gate.engine_rows}, "aux_layers_by_engine.json")
         mlflow.set_tags({"shape_gate": result, "shape_gate.target": args.target})
-        if mv is not None:
-            from registry import audit, describe, naming, store
+        if mv is None:
+            return
+        from registry import audit, describe, naming, store
 
-            c = store.client()
-            c.set_model_version_tag(mv.name, mv.version, naming.TAG_GATE, result)
-            c.set_model_version_tag(mv.name, mv.version, naming.TAG_GATE_TARGET, str(args.target))
-            describe.set_section(
-                c, mv.name, mv.version, f"shape_gate:{args.target}", section(str(args.target), result, md)
-            )
-            audit.record(c, mv.name, mv.version, f"shape_gate:{result}", md, target=str(args.target))
-    return 0 if ok else 1
+        c = store.client()
+        c.set_model_version_tag(mv.name, mv.version, naming.TAG_GATE, result)
+        c.set_model_version_tag(mv.name, mv.version, naming.TAG_GATE_TARGET, str(args.target))
+        describe.set_section(c, mv.name, mv.version, f"shape_gate:{args.target}", section(str(args.target), result, md))
+        audit.record(c, mv.name, mv.version, f"shape_gate:{result}", md, target=str(args.target))
 
 
 def main(argv: list[str] | None = None) -> None:
