@@ -7,7 +7,9 @@ profile (its values, not its name), the target, the draft depth and the version'
 least the profile's min_prompts; (3) its accept_len_ci_low > break-even recomputed from the profile;
 (4) not worse than the current production version on the same evidence (by more than `margin`).
 and (5) no traffic class with at least the profile's min_share of the traffic projected slower than
-class_floor times plain decoding. With a workload, accept_len is the traffic mix's (share-weighted).
+class_floor times plain decoding, and the classes under min_share, taken together, held to the same floor
+when together they carry min_share or more (slow traffic split into small classes is still slow traffic).
+With a workload, accept_len is the traffic mix's (share-weighted).
 staging: (1) (a config-only gate will do), (2) and the mix's accept_len > break-even.
 """
 
@@ -168,13 +170,14 @@ def decide(
 
 
 def _class_floor(d: Decision, ev: Evidence) -> None:
-    """No class that carries real traffic may be served slower than the floor (one row per class)."""
+    """No class that carries real traffic may be served slower than the floor (one row per class), nor the
+    classes under min_share together once their shares add up to it."""
+    if len(ev.classes) == 1 and ev.classes[0].name == "all":
+        return
     for c in ev.classes:
-        if len(ev.classes) == 1 and c.name == "all":
-            return
         counts = c.share >= ev.min_share
         ok = c.speedup >= ev.class_floor or not counts
-        verdict = "" if counts else f"; under min_share {ev.min_share:g}, not held to the floor"
+        verdict = "" if counts else f"; under min_share {ev.min_share:g}, not held to the floor alone"
         d.reasons.append(
             Reason(
                 f"class {c.name} ({c.share:.0%} of traffic)",
@@ -183,3 +186,29 @@ def _class_floor(d: Decision, ev: Evidence) -> None:
                 f"{c.speedup:.2f}x plain decoding, floor {ev.class_floor:g}x{verdict}",
             )
         )
+
+    small = [c for c in ev.classes if c.share < ev.min_share]
+    if len(small) < 2:
+        return  # one class under min_share is judged alone, above
+    share = sum(c.share for c in small)
+    speedup = small_classes_speedup(small)
+    held = share >= ev.min_share
+    names = ", ".join(c.name for c in small)
+    d.reasons.append(
+        Reason(
+            f"classes under min_share together ({share:.0%} of traffic)",
+            speedup >= ev.class_floor or not held,
+            f"classes {names} together: {share:.0%} of traffic projects {speedup:.2f}x plain decoding, floor "
+            f"{ev.class_floor:g}x" + ("" if held else f"; under min_share {ev.min_share:g} even together"),
+        )
+    )
+
+
+def small_classes_speedup(classes: list[ClassFigure] | tuple[ClassFigure, ...]) -> float:
+    """The speed-up of several classes' traffic served together: their tokens over the time they take, each
+    class's time being its share over its own speed-up (a share-weighted harmonic mean)."""
+    share = sum(c.share for c in classes)
+    time = sum(c.share / c.speedup for c in classes if c.speedup > 0)
+    if any(c.speedup <= 0 for c in classes) or time <= 0:
+        return 0.0
+    return share / time

@@ -46,10 +46,15 @@ class Key:
         return hashlib.sha256(b"drafterops-key-id:" + self.secret).hexdigest()[:16]
 
 
+MIN_KEY_BYTES = 32  # a key shorter than this could be guessed from the key id every record carries
+
+
 def load_key(create: bool = True) -> Key:
-    """The configured key; a local one is created (once, and said so once) where none is configured."""
-    if os.environ.get("DRAFTEROPS_EVIDENCE_KEY"):
-        return Key(os.environ["DRAFTEROPS_EVIDENCE_KEY"].encode(), "$DRAFTEROPS_EVIDENCE_KEY")
+    """The configured key; a local one is created (once, and said so once) where none is configured. A key
+    set but empty, shorter than MIN_KEY_BYTES, or in a file others can read is refused, never replaced."""
+    if "DRAFTEROPS_EVIDENCE_KEY" in os.environ:
+        return Key(_checked(os.environ["DRAFTEROPS_EVIDENCE_KEY"].strip().encode(), "DRAFTEROPS_EVIDENCE_KEY"),
+                   "$DRAFTEROPS_EVIDENCE_KEY")  # fmt: skip
     named = os.environ.get("DRAFTEROPS_EVIDENCE_KEY_FILE")
     path = Path(named) if named else home() / "evidence.key"
     if path.is_file():
@@ -104,10 +109,18 @@ def _write_synced(fd: int, secret: str) -> None:
 
 def _read_key(path: Path) -> bytes:
     if path.stat().st_mode & 0o077:
-        print(f"drafterops: warning: {path} is readable by others; chmod 600 it", file=sys.stderr)
-    secret = path.read_bytes().strip()
-    if len(secret) < 16:
-        raise BadInput(f"{path}: an evidence key needs at least 16 bytes")
+        raise BadInput(f"{path}: an evidence key readable by group or others is refused; chmod 600 it")
+    return _checked(path.read_bytes().strip(), str(path))
+
+
+def _checked(secret: bytes, where: str) -> bytes:
+    if not secret:
+        raise BadInput(f"{where}: the evidence key is set but empty")
+    if len(secret) < MIN_KEY_BYTES:
+        raise BadInput(
+            f"{where}: an evidence key needs at least {MIN_KEY_BYTES} bytes (got {len(secret)}); "
+            "`python -c 'import os; print(os.urandom(32).hex())'` makes one"
+        )
     return secret
 
 

@@ -36,3 +36,32 @@ def test_a_filesystem_without_hard_links_still_gets_its_key(tmp_path, monkeypatc
     assert signing.load_key().secret == key.secret and len(key.secret) == 64
     assert os.listdir(tmp_path) == ["evidence.key"]
     assert stat.S_IMODE((tmp_path / "evidence.key").stat().st_mode) == 0o600
+
+
+def test_a_weak_empty_or_exposed_key_is_refused_never_replaced(tmp_path, monkeypatch):
+    """A key set but empty used to fall back to the local key; a short one or one in a file others can read
+    used to sign anyway: each is now bad input naming where the key came from."""
+    import pytest
+
+    from common.errors import BadInput
+
+    monkeypatch.setenv("DRAFTEROPS_HOME", str(tmp_path))
+    monkeypatch.delenv("DRAFTEROPS_EVIDENCE_KEY_FILE", raising=False)
+    monkeypatch.setenv("DRAFTEROPS_EVIDENCE_KEY", "")
+    with pytest.raises(BadInput, match="DRAFTEROPS_EVIDENCE_KEY: the evidence key is set but empty"):
+        signing.load_key()
+    assert not (tmp_path / "evidence.key").exists()  # no local key made in its place
+    monkeypatch.setenv("DRAFTEROPS_EVIDENCE_KEY", "hunter2-hunter2")
+    with pytest.raises(BadInput, match="needs at least 32 bytes"):
+        signing.load_key()
+    monkeypatch.setenv("DRAFTEROPS_EVIDENCE_KEY", os.urandom(32).hex())
+    assert len(signing.load_key().secret) == 64
+    monkeypatch.delenv("DRAFTEROPS_EVIDENCE_KEY")
+    exposed = tmp_path / "team.key"
+    exposed.write_text(os.urandom(32).hex())
+    exposed.chmod(0o644)
+    monkeypatch.setenv("DRAFTEROPS_EVIDENCE_KEY_FILE", str(exposed))
+    with pytest.raises(BadInput, match="readable by group or others is refused"):
+        signing.load_key()
+    exposed.chmod(0o600)
+    assert signing.load_key().origin == str(exposed)

@@ -125,6 +125,26 @@ def test_no_class_that_carries_traffic_may_be_served_slower():
     assert decide(ev(slow), "staging", "t").allowed  # staging: the mix alone
 
 
+def test_slow_traffic_split_into_small_classes_is_still_held_to_the_floor():
+    """Three slow classes of 4% each (min_share 5%) carry 12% of the traffic together: refused, naming them,
+    although each alone is under min_share. Small classes that are fast enough together, or that carry
+    under min_share even together, pass."""
+    slow = [cls("code", 0.88, 3.4), cls("a", 0.04, 1.2), cls("b", 0.04, 1.3), cls("c", 0.04, 1.25)]
+    d = decide(ev(slow), "production", "t")
+    assert not d.allowed
+    (failed,) = [r for r in d.reasons if not r.ok]
+    assert failed.rule == "classes under min_share together (12% of traffic)"
+    assert "classes a, b, c together" in failed.detail and "floor 1x" in failed.detail
+    expected = 0.12 / sum(0.04 / (L / 2.46) for L in (1.2, 1.3, 1.25))  # tokens over the time they take
+    assert f"{expected:.2f}x plain decoding" in failed.detail
+    fast = [cls("code", 0.88, 3.4), cls("a", 0.04, 2.6), cls("b", 0.04, 2.7), cls("c", 0.04, 2.5)]
+    assert decide(ev(fast), "production", "t").allowed
+    tiny = [cls("code", 0.97, 3.4), cls("a", 0.01, 1.2), cls("b", 0.02, 1.3)]
+    d = decide(ev(tiny), "production", "t")
+    assert d.allowed, d.summary()
+    assert any("under min_share 0.05 even together" in r.detail for r in d.reasons)
+
+
 def test_the_mini_world_workload_is_held_out_and_pinned():
     """Three classes, each pinned by the kimi profile's digest, none sharing text with any prompt the
     targets or drafters were trained, validated, tested or scaled on."""
