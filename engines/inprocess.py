@@ -39,6 +39,8 @@ class InProcessRun:
     attested: bool = True
     display: str = "in-process"  # how the version page names the engine
     title_suffix: str = ""  # figure titles name only a serving engine
+    host: Profile | None = field(default_factory=host_profile)  # read once, when the run is measured
+    _figures: dict = field(default_factory=dict, repr=False)  # metrics per profile: the bootstrap runs once
 
     @property
     def per_prompt(self) -> list[tuple[int, int]]:
@@ -61,7 +63,10 @@ class InProcessRun:
         return self.online.outputs
 
     def metrics(self, profile: Profile) -> dict[str, float]:
-        return self.online.metrics(profile, host_profile())
+        key = (profile.name, profile.digest)
+        if key not in self._figures:
+            self._figures[key] = self.online.metrics(profile, self.host)
+        return dict(self._figures[key])  # a copy: callers add their own figures to it
 
     def artifacts(self) -> dict[str, Any]:
         return {}

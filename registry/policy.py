@@ -207,8 +207,6 @@ def _class_floor(d: Decision, ev: Evidence) -> None:
 def small_classes_speedup(classes: list[ClassFigure] | tuple[ClassFigure, ...]) -> float:
     """The speed-up of several classes' traffic served together: their tokens over the time they take, each
     class's time being its share over its own speed-up (a share-weighted harmonic mean)."""
-    share = sum(c.share for c in classes)
-    time = sum(c.share / c.speedup for c in classes if c.speedup > 0)
-    if any(c.speedup <= 0 for c in classes) or time <= 0:
+    if any(c.speedup <= 0 for c in classes):
         return 0.0
-    return share / time
+    return sum(c.share for c in classes) / sum(c.share / c.speedup for c in classes)
