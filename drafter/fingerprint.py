@@ -1,14 +1,17 @@
 """Identities of what an evaluation was measured on, so that evidence can be bound to its conditions.
 
-A target's identity is its config plus the safetensors headers of its weights (names, shapes, dtypes,
-offsets): read from headers alone, it tells k2-mini from k2.5-mini, or a target whose weights were
-swapped for another layout, without hashing gigabytes. (A prompt's identity is serving.workload.prompt_key.)
+A target's identity is its config, the safetensors headers of its weights (names, shapes, dtypes), and the
+sha256 of each weight file: K2.5, K2.6 and K2.7 share one architecture and one set of headers, so only the
+weights tell them apart. A hub snapshot names each file by its sha256 already (the cache's blob names), so
+a 1T target costs no hashing; a local folder is hashed once per file version in this process.
+(A prompt's identity is serving.workload.prompt_key.)
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,4 +42,26 @@ def target_digest(source: str | Path) -> str:
     headers = {}
     for path in sorted(folder.glob("*.safetensors")):
         headers[path.name] = {k: [v.dtype, list(v.shape)] for k, v in read_file_header(path).items()}
-    return _sha({"config": cfg, "weights": headers})
+    contents = {path.name: file_sha256(path) for path in sorted(folder.glob("*.safetensors"))}
+    return _sha({"config": cfg, "weights": headers, "contents": contents})
+
+
+_HASHED: dict[tuple[str, int, int], str] = {}
+_BLOB = re.compile(r"^[0-9a-f]{64}$")
+
+
+def file_sha256(path: Path) -> str:
+    """A weight file's sha256: the hub cache's blob name when the file is one (huggingface_hub names LFS
+    blobs by their sha256), else hashed in 8 MiB blocks, once per (file, size, mtime) in this process."""
+    real = path.resolve()
+    if path.is_symlink() and real.parent.name == "blobs" and _BLOB.match(real.name):
+        return real.name
+    st = real.stat()
+    key = (str(real), st.st_size, st.st_mtime_ns)
+    if key not in _HASHED:
+        h = hashlib.sha256()
+        with real.open("rb") as fh:
+            while block := fh.read(8 << 20):
+                h.update(block)
+        _HASHED[key] = h.hexdigest()
+    return _HASHED[key]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import hashlib
 import json
 import time
 import warnings
@@ -42,6 +43,7 @@ def record(
     reasons: dict[str, Any] | str,
     summary: str | None = None,
     files: dict[str, str] | None = None,
+    params: dict[str, str] | None = None,
     **extra: str,
 ) -> str:
     """One audit run for a decision (alias move, refusal, gate result); `summary` is the one-line
@@ -65,6 +67,8 @@ def record(
     c.log_text(run.info.run_id, text, "reasons.json" if not isinstance(reasons, str) else "reasons.md")
     for artifact, content in (files or {}).items():
         c.log_text(run.info.run_id, content, artifact)
+    for key, value in (params or {}).items():  # set once, never changed: what finds the run later
+        c.log_param(run.info.run_id, key, value)
     c.set_terminated(run.info.run_id)
     return run.info.run_id
 
@@ -78,34 +82,60 @@ def _one_line(reasons: dict[str, Any] | str, limit: int = 500) -> str:
 
 
 def move_alias(
-    c: Any, name: str, alias: str, version: str, reason: str, by_promote: bool = False, evidence_run: str = "",
+    c: Any, name: str, alias: str, version: str | None, reason: str, by_promote: bool = False, evidence_run: str = "",
     terms: str = "",
 ) -> str | None:  # fmt: skip
-    """Point `alias` at `version`, mirror the legacy stage, mark the replaced version; returns it.
-    Serving aliases move only when the promotion rule said yes (`by_promote`), and then with a signed
-    sanction (registry.sanction) written before the alias moves."""
+    """Point `alias` at `version` (None: clear it), mirror the legacy stage, mark the replaced version;
+    returns it. Serving aliases move only when the promotion rule said yes (`by_promote`), and then with a
+    signed sanction (registry.sanction), chained to the one before, written before the alias moves."""
     if alias in naming.PROTECTED_ALIASES and not by_promote:
         naming.check_alias(alias)  # raises: no step but `promote` may move a serving alias
     previous = current_alias_version(c, name, alias)
-    files = {}
+    files, params = {}, {}
     if alias in naming.PROTECTED_ALIASES:
         from registry import sanction
 
-        signed = sanction.payload(c, c.get_registered_model(name), c.get_model_version(name, str(version)), alias,
-                                  evidence_run, reason, terms)  # fmt: skip
-        files[sanction.SANCTION_FILE] = json.dumps(signed, indent=1)
-    record(c, name, version, f"alias:{alias}", reason, files=files, alias=alias, previous=previous or "none")
-    c.set_registered_model_alias(name, alias, str(version))
-    stage = naming.LEGACY_STAGE.get(alias)
-    if stage:
-        mirror_stage(c, name, str(version), stage)
+        mv = None if version is None else c.get_model_version(name, str(version))
+        head = sanction.holder(c, name, alias).head
+        signed = sanction.payload(c, c.get_registered_model(name), mv, alias, evidence_run, reason, terms, head)
+        files[sanction.SANCTION_FILE] = text = json.dumps(signed, indent=1)
+        params = {sanction.PARAM: sanction.param_value(name, alias),
+                  sanction.DIGEST_PARAM: hashlib.sha256(text.encode()).hexdigest()}  # fmt: skip
+    record(c, name, version or "none", f"alias:{alias}", reason, files=files, params=params, alias=alias,
+           previous=previous or "none")  # fmt: skip
+    if version is None:
+        if previous is not None:
+            c.delete_registered_model_alias(name, alias)
+        stage = naming.LEGACY_STAGE.get(alias)
+        if stage and previous:
+            mirror_stage(c, name, previous, "Archived")
+    else:
+        c.set_registered_model_alias(name, alias, str(version))
+        stage = naming.LEGACY_STAGE.get(alias)
+        if stage:
+            mirror_stage(c, name, str(version), stage)
     if previous and previous != str(version):
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        c.set_model_version_tag(name, previous, f"replaced.{alias}", f"{when} by version {version}")
+        by = f"by version {version}" if version is not None else "(cleared)"
+        c.set_model_version_tag(name, previous, f"replaced.{alias}", f"{when} {by}")
     from registry.describe import refresh_model_page
 
     refresh_model_page(c, name)
     return previous
+
+
+def record_once(c: Any, once: str, name: str, version: str, decision: str, reasons: str, **extra: str) -> bool:
+    """An audit line written once for `once` (a param on the run, which nobody can change): a guard that
+    reconciles every minute says a loss once, not every minute. False when it was already said."""
+    from registry.evidence import runs_with_param
+
+    if runs_with_param(c, [_audit_experiment(c)], ONCE_PARAM, once):
+        return False
+    record(c, name, version, decision, reasons, params={ONCE_PARAM: once}, **extra)
+    return True
+
+
+ONCE_PARAM = "drafterops.once"
 
 
 def mirror_stage(c: Any, name: str, version: str, stage: str) -> None:

@@ -16,6 +16,7 @@ a record that fails its signature or its bounds stands as a refusal until such a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 import time
@@ -25,6 +26,7 @@ from typing import Any
 
 from registry import signing
 from registry.policy import Evidence
+from registry.trust import EVALUATOR, load_trust
 from serving.cost import break_even_accept_len
 from serving.profile import Profile
 from serving.workload import class_figures, mix_accept_len, mix_ci
@@ -32,7 +34,8 @@ from serving.workload import class_figures, mix_accept_len, mix_ci
 EVIDENCE_FILE = "evidence.json"
 TAG = "drafterops.evidence"  # on the evaluate run: "<model>/<version>"
 ENGINES_BOUND_TO_WEIGHTS = ("in-process", "vllm", "sglang")  # engines the project launched itself
-FORMAT = 2
+FORMAT = 3  # 3: Ed25519-signed, with the unusable records it acknowledged
+DIGEST_PARAM = "drafterops.evidence_sha256"  # the record's sha256, in a param nobody can change
 WORKLOAD = "workload"  # scope of an evaluation on every class the profile pins
 
 
@@ -71,6 +74,8 @@ class EvidenceRecord:
     endpoint: str = ""  # a server the user runs (not launched by the project)
     drafter_attested: bool = True  # the project launched the engine with the version's own files
     acc_pos: list[float] = field(default_factory=list)  # conditional acceptance by draft position, pooled
+    # runs of this version whose record was unusable when this one was made: what this evaluation replaces
+    acknowledged: list[str] = field(default_factory=list)
     created: float = field(default_factory=time.time)
     format: int = FORMAT
     run_id: str = ""  # where it was read from; not part of the signed record
@@ -112,6 +117,10 @@ class EvidenceRecord:
     def to_json(self) -> str:
         return json.dumps(signing.sign(self.payload()), indent=1, sort_keys=True, allow_nan=False)
 
+    @property
+    def key_id(self) -> str:
+        return signing.load_key().id
+
     @classmethod
     def from_payload(cls, raw: dict[str, Any], run_id: str) -> EvidenceRecord:
         raw = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__}
@@ -137,7 +146,7 @@ class EvidenceRecord:
             "evidence.engine_version": self.engine_version,
             **({"evidence.endpoint": self.endpoint} if self.endpoint else {}),
             "evidence.temperature": f"{self.temperature:g}",
-            "evidence.key_id": signing.load_key().id,
+            "evidence.key_id": self.key_id,
         }
 
 
@@ -145,15 +154,16 @@ class Unusable(Exception):
     """A record that cannot be read as evidence at all (unsigned, forged, impossible counts)."""
 
 
-def read_record(text: str, run_id: str) -> EvidenceRecord:
-    """Verify first, then parse, then check the counts are possible; Unusable says why not."""
+def read_record(text: str, run_id: str, trust: Any = None) -> EvidenceRecord:
+    """Verify first (signed by a trusted evaluator), then parse, then check the counts are possible;
+    Unusable says why not."""
     try:
         raw = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise Unusable("not JSON") from None
     if not isinstance(raw, dict):
         raise Unusable("not a record")
-    why = signing.verify(raw)
+    why = signing.verify(raw, EVALUATOR, trust or load_trust())
     if why:
         raise Unusable(why)
     try:
@@ -265,7 +275,9 @@ def log_record(rec: EvidenceRecord) -> None:
     """Into the active MLflow run: the whole signed record as an artifact, its conditions as tags."""
     import mlflow
 
-    mlflow.log_text(rec.to_json() + "\n", EVIDENCE_FILE)
+    text = rec.to_json() + "\n"
+    mlflow.log_text(text, EVIDENCE_FILE)
+    mlflow.log_param(DIGEST_PARAM, hashlib.sha256(text.encode()).hexdigest())  # an overwrite is then seen
     mlflow.log_param(TAG, f"{rec.model}/{rec.version}")  # what finds it: a param can be neither changed nor removed
     mlflow.set_tags(rec.run_tags())
 
@@ -278,21 +290,18 @@ class Found:
     unusable: list[tuple[str, float, str]]  # (run id, start time in s, why)
 
 
-def records_for(c: Any, model: str, version: str) -> Found:
-    """Every evaluation of this version, from every experiment, active or deleted, whatever its state,
-    oldest first. Runs are found by their `drafterops.evidence` *param*, which MLflow lets nobody change
-    or delete (a tag could be removed to hide an unfavourable record), page by page (none left out)."""
+def runs_with_param(c: Any, experiments: list[str], key: str, value: str) -> list[Any]:
+    """Every run (active or deleted, any state) of these experiments with param `key` = `value`, oldest
+    first, page by page: a param is set once and never changed, so nobody can hide a run from this."""
     from mlflow.entities import ViewType
-    from mlflow.exceptions import MlflowException
 
     from registry.naming import quote_filter_value
 
-    experiments = [e.experiment_id for e in c.search_experiments(view_type=ViewType.ALL)]
     runs, token = [], None
     while True:
         page = c.search_runs(
             experiments,
-            filter_string=f"params.`{TAG}` = {quote_filter_value(f'{model}/{version}')}",
+            filter_string=f"params.`{key}` = {quote_filter_value(value)}",
             run_view_type=ViewType.ALL,
             order_by=["attributes.start_time ASC"],
             max_results=1000,
@@ -301,14 +310,34 @@ def records_for(c: Any, model: str, version: str) -> Found:
         runs += list(page)
         token = page.token
         if not token:
-            break
+            return runs
+
+
+def records_for(c: Any, model: str, version: str, trust: Any = None) -> Found:
+    """Every evaluation of this version, from every experiment, active or deleted, whatever its state,
+    oldest first. Runs are found by their `drafterops.evidence` *param*, which MLflow lets nobody change
+    or delete (a tag could be removed to hide an unfavourable record), page by page (none left out). A
+    record whose bytes no longer match the sha256 its run logged as a param was overwritten: unusable."""
+    from mlflow.entities import ViewType
+    from mlflow.exceptions import MlflowException
+
+    experiments = [e.experiment_id for e in c.search_experiments(view_type=ViewType.ALL)]
+    runs = runs_with_param(c, experiments, TAG, f"{model}/{version}")
     found = Found([], [])
     for run in runs:
         started = run.info.start_time / 1000
         with tempfile.TemporaryDirectory() as tmp:
             try:
                 path = c.download_artifacts(run.info.run_id, EVIDENCE_FILE, tmp)
-                found.records.append(read_record(Path(path).read_text(), run.info.run_id))
+                raw = Path(path).read_bytes()
+                logged = run.data.params.get(DIGEST_PARAM)
+                if logged != hashlib.sha256(raw).hexdigest():
+                    raise Unusable(
+                        "its evidence.json was overwritten after the run logged it"
+                        if logged
+                        else "its run logged no evidence digest (not written by evaluate)"
+                    )
+                found.records.append(read_record(raw.decode("utf-8", "replace"), run.info.run_id, trust))
             except Unusable as exc:
                 found.unusable.append((run.info.run_id, started, str(exc)))
             except (MlflowException, OSError):
@@ -327,40 +356,43 @@ def deciding(matching: list[EvidenceRecord], greedy: bool) -> list[EvidenceRecor
     return list(newest.values())
 
 
-def recompute(c: Any, mv: Any, profile: Profile, model_target: str) -> Evidence:
+def recompute(c: Any, mv: Any, profile: Profile, dep: Any = None) -> Evidence:
     """Everything the promotion rule depends on for one version, recomputed now: the shape gate from
-    the version's headers against the registered target, the digest of every file the engine loads,
-    the target's identity, and the least favourable standing record on the profile's pinned prompts.
-    Tags are never read."""
+    the version's headers against the profile's deployment target, the digest of every file the engine
+    loads, the target's identity, and the least favourable standing record on the profile's pinned
+    prompts. Tags are never read."""
     from drafter.compat import check_compat, drafter_facts, target_facts, verdict
-    from drafter.fingerprint import target_digest
     from registry import store
-
-    _, folder = store.version_folder(f"models:/{mv.name}/{mv.version}")
-    gate = verdict(check_compat(drafter_facts(folder), target_facts(model_target)))
-    files = store.drafter_files(folder)
-    tdigest = target_digest(model_target)
-    found = records_for(c, mv.name, str(mv.version))
-    pinned = pinned_keys(profile)
+    from registry.deployment import deployment
     from registry.lineage import overlap, training_prompt_keys
 
+    dep = dep or deployment(profile)
+    _, folder = store.version_folder(f"models:/{mv.name}/{mv.version}")
+    gate = verdict(check_compat(drafter_facts(folder), target_facts(dep.target))) if dep.target else None
+    files = store.drafter_files(folder)
+    found = records_for(c, mv.name, str(mv.version), dep.trust)
+    pinned = pinned_keys(profile)
     contaminated = overlap(training_prompt_keys(c, mv), pinned)
     matching, refused = [], []
     for rec in found.records:
-        why = mismatches(rec, profile, tdigest, files, pinned, (mv.name, str(mv.version)))
+        why = mismatches(rec, profile, dep.digest, files, pinned, (mv.name, str(mv.version)))
         (refused if why else matching).append((rec, why))
     standing = deciding([r for r, _ in matching], profile.eval_temperature == 0)
-    newest = max((r.created for r in standing), default=0.0)
-    blocking = [(run, why) for run, started, why in found.unusable if started >= newest]
+    # an unusable run stands in the way until an evaluation on the pinned prompts made after it was found
+    # unusable acknowledges it (greedy and sampled alike): an overwrite after the fact blocks again
+    acknowledged = {run for rec, _ in matching for run in rec.acknowledged}
+    blocking = [(run, why) for run, _, why in found.unusable if run not in acknowledged]
     points = profile.serving_points()
     ops = tuple((p.concurrency, _share(profile, p), break_even_accept_len(p)) for p in points if p.concurrency)
-    base = Evidence(str(mv.version), gate, model_target, classes=(), min_share=profile.min_share,
+    base = Evidence(str(mv.version), gate, dep.target or None, classes=(), min_share=profile.min_share,
                     class_floor=profile.class_floor, contaminated=contaminated, operating_points=ops,
-                    basis=profile.basis())  # fmt: skip
+                    basis=dep.basis)  # fmt: skip
+    if dep.refusal:
+        return _with(base, note=dep.refusal)
     if blocking:
         run, why = blocking[-1]
         note = (
-            f"evaluation run {run} is not usable evidence ({why}); a record is withdrawn only by a newer "
+            f"evaluation run {run} is not usable evidence ({why}); it stands in the way until a newer "
             f"evaluation on {profile.name}'s pinned prompts"
         )
         return _with(base, note=note, unusable=True)

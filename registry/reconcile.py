@@ -44,6 +44,9 @@ def reconcile_model(c: Any, name: str, why: str = "reconcile") -> list[str]:
     for alias in naming.PROTECTED_ALIASES:
         held = sanction.holder(c, name, alias)
         current = audit.current_alias_version(c, name, alias)
+        actions += _findings(c, name, alias, current, held, why)
+        if held.uncertain:  # never move production on a chain nobody can read whole: say so, leave it
+            continue
         lost = f" (sanctioned v{', v'.join(held.deleted)} no longer exist{'s' if len(held.deleted) == 1 else ''})"
         lost = lost if held.deleted else ""
         if held.changed:
@@ -62,6 +65,23 @@ def reconcile_model(c: Any, name: str, why: str = "reconcile") -> list[str]:
             actions.append(_audit(c, name, alias, current, held, action, why))
         actions += _stages(c, name, alias, held, why)
     return actions
+
+
+def _findings(c: Any, name: str, alias: str, current: str | None, held: sanction.Holder, why: str) -> list[str]:
+    """Audit lines, each written once: a sanctioned version deleted (or changed) under the alias, an
+    overwritten sanction, runs that claim to be sanctions and are not."""
+    said = []
+    lines = [f"sanctioned v{v} of `{alias}` no longer exists" for v in held.deleted]
+    lines += [f"the files of sanctioned v{v} of `{alias}` changed since their promotion" for v in held.changed]
+    lines += list(held.findings)
+    if held.uncertain:
+        lines.append(f"`{alias}` left at {f'v{current}' if current else 'nothing'}: the chain cannot be read whole")
+    for line in lines:
+        once = f"{name}@{alias}:{line}"[:500]
+        if audit.record_once(c, once, name, current or "none", f"guard:finding:{alias}", f"{line}. Found by {why}.",
+                             alias=alias, delivery=why):  # fmt: skip
+            said.append(f"{name}: {line}")
+    return said
 
 
 def _stages(c: Any, name: str, alias: str, held: sanction.Holder, why: str) -> list[str]:

@@ -1,16 +1,19 @@
-"""Where `promote` put each serving alias, in records nobody else can write.
+"""Where `promote` put each serving alias, in a chain of signed records nobody else can write or re-point.
 
-When `promote` moves a serving alias it writes a sanction: the registered model's identity (its name and
-the creation time the server stamped, which no API call changes; a renamed model or a new one under the
-old name is another model), the alias, the version and that version's own creation time, the evaluation
-run and the decision. It is signed with the evidence key (registry.signing) and kept as `sanction.json`
-in the decision's audit run. The sanctioned holder of an alias is the newest valid sanction (by the time signed
-into it) for this very model whose version still exists; audit runs made by hand, with the right tags
-or not, sanction nothing, and a copy of an old sanction in a new run is no newer than the original.
+When `promote` (or `recertify`) moves a serving alias it writes a sanction: the registered model's
+identity (its name and the creation time the server stamped, which no API call changes), the alias, the
+version (None: the alias was cleared on purpose) and that version's creation time and files, the
+evaluation run, the decision, and the digest of the sanction it follows (`previous`), so the sanctions of
+one model and alias form a chain. It is signed with the promoter's Ed25519 key (registry.signing, a key
+the trust file lists under trusted_promoters) and kept as `sanction.json` in the decision's audit run,
+found by a param (`drafterops.sanction`, which nobody can change) and checked against the sha256 logged
+beside it. The holder of an alias is read from the chain's head: never from tags, never from a search
+window, so junk runs, edited tags and copies of old sanctions move nothing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 import time
@@ -21,6 +24,8 @@ from typing import Any
 from registry import naming, signing
 
 SANCTION_FILE = "sanction.json"
+PARAM = "drafterops.sanction"  # "<model>@<alias>" on the audit run: what finds it (a param nobody can change)
+DIGEST_PARAM = "drafterops.sanction_sha256"  # the file's sha256 as written: an overwrite is then seen
 
 
 def version_files(c: Any, mv: Any) -> dict[str, str]:
@@ -35,99 +40,146 @@ def model_identity(rm: Any) -> dict[str, Any]:
     return {"name": rm.name, "created": int(rm.creation_timestamp or 0)}
 
 
-def payload(c: Any, rm: Any, mv: Any, alias: str, evidence_run: str, reason: str, terms: str = "") -> dict[str, Any]:
-    """The signed sanction for moving `alias` of `rm` to `mv`: what was decided, on which files."""
+def payload(c: Any, rm: Any, mv: Any | None, alias: str, evidence_run: str, reason: str, terms: str = "",
+            previous: str = "") -> dict[str, Any]:  # fmt: skip
+    """The signed sanction for moving `alias` of `rm` to `mv` (None: clearing it), after `previous`."""
     return signing.sign(
         {
             "kind": "sanction",
             "model": model_identity(rm),
             "alias": alias,
-            "version": str(mv.version),
-            "version_created": int(mv.creation_timestamp or 0),
-            "files": version_files(c, mv),
+            "version": None if mv is None else str(mv.version),
+            "version_created": None if mv is None else int(mv.creation_timestamp or 0),
+            "files": {} if mv is None else version_files(c, mv),
             "terms": terms,  # the profile (name and digest) and margin the decision was taken under
             "evidence_run": evidence_run,
             "reason": reason,
-            "at": time.time(),  # the order of sanctions is theirs, not their runs' (a copy made later is no newer)
+            "previous": previous,  # the digest of the sanction this one follows ("" for the first)
+            "at": time.time(),
         }
     )
 
 
+def param_value(name: str, alias: str) -> str:
+    return f"{name}@{alias}"
+
+
 @dataclass(frozen=True)
 class Holder:
-    """The sanctioned holder of an alias (version None: no valid sanction for a version that exists)."""
+    """The sanctioned holder of an alias (version None: the chain puts nothing there that still exists)."""
 
     version: str | None
     run_id: str | None = None
-    deleted: tuple[str, ...] = ()  # newer sanctioned versions that no longer exist
-    ignored: int = 0  # audit runs that claimed a move but carry no valid sanction for this model
+    deleted: tuple[str, ...] = ()  # sanctioned versions, newer in the chain, that no longer exist
     changed: tuple[str, ...] = ()  # newer sanctioned versions whose files changed since their sanction
+    head: str = ""  # the digest of the chain's head: what the next sanction names as previous
+    findings: tuple[str, ...] = ()  # runs that claim a sanction and do not hold a valid one, forks
+    uncertain: bool = False  # a sanction in the chain was overwritten: nobody can say where the head is
+
+    @property
+    def ignored(self) -> int:
+        return len(self.findings)
 
 
-def holder(c: Any, name: str, alias: str) -> Holder:
-    """The newest valid sanction of `alias` for the registered model now called `name`."""
-    from mlflow.entities import ViewType
+def holder(c: Any, name: str, alias: str, trust: Any = None) -> Holder:
+    """Where the chain of signed sanctions of `alias` for the model now called `name` puts it."""
     from mlflow.exceptions import MlflowException
+
+    rm = c.get_registered_model(name)
+    valid, findings, tampered = _chain_links(c, rm, alias, trust)
+    heads = [d for d in valid if d not in {r.get("previous") for _, r in valid.values()}]
+    if len(heads) > 1:
+        findings.append(f"the chain forks into {len(heads)} heads; the newest signed one is read")
+    head = max(heads, key=lambda d: float(valid[d][1].get("at", 0.0)), default="")
+    deleted, changed, digest, seen = [], [], head, set()
+    while digest in valid and digest not in seen:
+        seen.add(digest)
+        run_id, record = valid[digest]
+        version = record.get("version")
+        if version is None:  # cleared on purpose (recertify demoted it, say): nothing holds the alias
+            return Holder(None, run_id, tuple(deleted), tuple(changed), head, tuple(findings), bool(tampered))
+        digest = record.get("previous", "")
+        try:
+            mv = c.get_model_version(name, str(version))
+        except MlflowException:
+            deleted.append(str(version))
+            continue
+        if int(mv.creation_timestamp or 0) != record.get("version_created"):
+            deleted.append(str(version))  # the number was reused by another version
+            continue
+        if record.get("files") != version_files(c, mv):
+            changed.append(str(version))  # what would be served is not what was decided on
+            continue
+        return Holder(str(version), run_id, tuple(deleted), tuple(changed), head, tuple(findings), bool(tampered))
+    return Holder(None, None, tuple(deleted), tuple(changed), head, tuple(findings), bool(tampered))
+
+
+def _chain_links(c: Any, rm: Any, alias: str, trust: Any) -> tuple[dict, list[str], list[str]]:
+    """Every valid sanction of this model and alias by digest (run id, record); what else claimed to be one."""
+    from registry import evidence
+    from registry.trust import load_trust
 
     exp = c.get_experiment_by_name(naming.AUDIT_EXPERIMENT)
     if exp is None:
-        return Holder(None)
-    rm = c.get_registered_model(name)
+        return {}, [], []
     identity = model_identity(rm)
-    q = naming.quote_filter_value
-    runs = c.search_runs(
-        [exp.experiment_id],
-        filter_string=f"tags.model = {q(name)} and tags.decision = {q(f'alias:{alias}')}",
-        run_view_type=ViewType.ALL,
-        order_by=["attributes.start_time DESC"],
-        max_results=500,
-    )
-    valid, ignored = [], 0
-    for run in runs:
-        record = read(c, run.info.run_id)
-        if _sanctions(record, identity, alias):
-            valid.append((float(record.get("at", 0.0)), run.info.run_id, record))
-        else:
-            ignored += 1
-    deleted, changed = [], []
-    for _, run_id, record in sorted(valid, key=lambda v: v[0], reverse=True):
-        version = str(record.get("version"))
-        try:
-            mv = c.get_model_version(name, version)
-        except MlflowException:
-            if version not in deleted:
-                deleted.append(version)
+    trust = trust or load_trust()
+    valid: dict[str, tuple[str, dict]] = {}
+    findings, tampered, junk = [], [], 0
+    for run in evidence.runs_with_param(c, [exp.experiment_id], PARAM, param_value(rm.name, alias)):
+        logged = run.data.params.get(DIGEST_PARAM)
+        if not logged:  # `audit.move_alias` logs it with every sanction: without it, a run made by hand
+            junk += 1
             continue
-        if version in deleted or version in changed:
-            continue  # another copy of a sanction already judged
-        if int(mv.creation_timestamp or 0) != record.get("version_created"):
-            deleted.append(version)  # the number was reused by another version
+        raw = read_bytes(c, run.info.run_id)
+        if raw is not None and logged and logged != hashlib.sha256(raw).hexdigest():
+            tampered.append(run.info.run_id)
+            findings.append(f"audit run {run.info.run_id}: its sanction.json was overwritten after it was written")
             continue
-        if record.get("files") != version_files(c, mv):
-            changed.append(version)  # what would be served is not what was decided on
+        record = _parse(raw)
+        why = _refusal(record, identity, alias, trust)
+        if why:
+            junk += 1
             continue
-        return Holder(version, run_id, tuple(deleted), ignored, tuple(changed))
-    return Holder(None, None, tuple(deleted), ignored, tuple(changed))
+        valid.setdefault(signing.digest(record), (run.info.run_id, record))  # a copy is the same link
+    if junk:
+        findings.append(f"{junk} audit run(s) claim a sanction of `{alias}` and hold no valid one (ignored)")
+    return valid, findings, tampered
 
 
-def _sanctions(record: dict[str, Any] | None, identity: dict[str, Any], alias: str) -> bool:
-    """A signed sanction of this alias for this very model (not a copy from another model or alias)."""
-    return (
-        record is not None
-        and signing.verify(record) is None
-        and record.get("kind") == "sanction"
-        and record.get("model") == identity
-        and record.get("alias") == alias
-    )
+def _refusal(record: dict[str, Any] | None, identity: dict[str, Any], alias: str, trust: Any) -> str | None:
+    """Why a record is not a sanction of this alias for this very model (None: it is)."""
+    from registry.trust import PROMOTER
+
+    if record is None:
+        return "no sanction"
+    why = signing.verify(record, PROMOTER, trust)
+    if why:
+        return why
+    if record.get("kind") != "sanction" or record.get("model") != identity or record.get("alias") != alias:
+        return "a sanction of another model or alias"
+    return None
 
 
-def read(c: Any, run_id: str) -> dict[str, Any] | None:
-    """The sanction an audit run holds, unverified (None: none readable); `holder` verifies it."""
+def _parse(raw: bytes | None) -> dict[str, Any] | None:
+    try:
+        record = json.loads(raw) if raw is not None else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def read_bytes(c: Any, run_id: str) -> bytes | None:
+    """The sanction file an audit run holds, as stored (None: none readable)."""
     from mlflow.exceptions import MlflowException
 
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            raw = json.loads(Path(c.download_artifacts(run_id, SANCTION_FILE, tmp)).read_text())
-        except (MlflowException, OSError, ValueError):
+            return Path(c.download_artifacts(run_id, SANCTION_FILE, tmp)).read_bytes()
+        except (MlflowException, OSError):
             return None
-    return raw if isinstance(raw, dict) else None
+
+
+def read(c: Any, run_id: str) -> dict[str, Any] | None:
+    """The sanction an audit run holds, unverified (None: none readable); `holder` verifies it."""
+    return _parse(read_bytes(c, run_id))

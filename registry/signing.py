@@ -1,17 +1,20 @@
-"""Signed records: evidence that a person with registry access can read but cannot mint.
+"""Signed records that a person with registry access can read but cannot mint, and that a team checks
+against the public keys of the people allowed to make them.
 
-A record is signed with HMAC-SHA256 over its canonical JSON (sorted keys, no spaces, no NaN) with a key
-that only the processes allowed to produce evidence hold: `DRAFTEROPS_EVIDENCE_KEY` (the key itself),
-else `DRAFTEROPS_EVIDENCE_KEY_FILE` (a file holding it), else a local key created on first use under
-`$DRAFTEROPS_HOME` (default `~/.drafterops`) with mode 0600. A team keeps the key where evaluations run
-(CI) and nowhere else. The key's id (a hash of it, never the key) travels in the record, so a refusal can
-say "signed with another key" rather than only "bad signature".
+A record is signed with an Ed25519 private key over its canonical JSON (sorted keys, no spaces, no NaN).
+Private keys live in files only (`python -m steps.keys new NAME` makes one, mode 0600; a key file readable
+by group or others is refused), never in the store: `DRAFTEROPS_SIGNING_KEY` names the file a process
+signs with, else the local key `$DRAFTEROPS_HOME/keys/local.key` (default `~/.drafterops`) is made on
+first use. A record carries its key id (a hash of the public key) and is checked against a trust file
+(registry.trust) that lists `trusted_evaluators` (who may sign evidence and calibrations) and
+`trusted_promoters` (who may sign sanctions), each with a name. Records signed with the shared HMAC key
+of drafterops before Ed25519 are refused with a line that says so.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
-import hmac
 import json
 import os
 import sys
@@ -24,6 +27,10 @@ from common.errors import BadInput
 
 SIGNATURE = "signature"
 KEY_ID = "key_id"
+ALGORITHM = "alg"
+ED25519 = "ed25519"
+PUBLIC_PREFIX = "ed25519:"
+KEY_ENV = "DRAFTEROPS_SIGNING_KEY"
 _ANNOUNCED: set[str] = set()
 
 
@@ -36,92 +43,145 @@ def home() -> Path:
     return Path(os.environ.get("DRAFTEROPS_HOME", Path.home() / ".drafterops"))
 
 
+def key_id(public: bytes) -> str:
+    """A public key's id: a hash of the public key, so anyone can derive it and nobody can choose it."""
+    return hashlib.sha256(b"drafterops-ed25519:" + public).hexdigest()[:16]
+
+
+def public_text(public: bytes) -> str:
+    return PUBLIC_PREFIX + base64.b64encode(public).decode()
+
+
+def parse_public(text: object, where: str) -> bytes:
+    """`ed25519:<base64 of 32 bytes>`, as `steps.keys` prints it."""
+    if not isinstance(text, str) or not text.startswith(PUBLIC_PREFIX):
+        raise BadInput(f"{where}: a public key is written '{PUBLIC_PREFIX}<base64>' (python -m steps.keys show)")
+    try:
+        raw = base64.b64decode(text.removeprefix(PUBLIC_PREFIX), validate=True)
+    except ValueError:
+        raise BadInput(f"{where}: the public key is not base64") from None
+    if len(raw) != 32:
+        raise BadInput(f"{where}: an Ed25519 public key is 32 bytes, got {len(raw)}")
+    return raw
+
+
 @dataclass(frozen=True)
 class Key:
-    secret: bytes
-    origin: str  # where it came from, for messages
+    """A private signing key and where it came from (for messages); its public half is what others trust."""
+
+    private: Any  # cryptography's Ed25519PrivateKey
+    origin: str
+
+    @property
+    def public(self) -> bytes:
+        from cryptography.hazmat.primitives import serialization
+
+        return self.private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
     @property
     def id(self) -> str:
-        return hashlib.sha256(b"drafterops-key-id:" + self.secret).hexdigest()[:16]
+        return key_id(self.public)
+
+    @property
+    def public_text(self) -> str:
+        return public_text(self.public)
 
 
-MIN_KEY_BYTES = 32  # a key shorter than this could be guessed from the key id every record carries
+def generate() -> Any:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    return Ed25519PrivateKey.generate()
+
+
+def private_pem(private: Any) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def local_key_path() -> Path:
+    return home() / "keys" / "local.key"
 
 
 def load_key(create: bool = True) -> Key:
-    """The configured key; a local one is created (once, and said so once) where none is configured. A key
-    set but empty, shorter than MIN_KEY_BYTES, or in a file others can read is refused, never replaced."""
-    if "DRAFTEROPS_EVIDENCE_KEY" in os.environ:
-        return Key(_checked(os.environ["DRAFTEROPS_EVIDENCE_KEY"].strip().encode(), "DRAFTEROPS_EVIDENCE_KEY"),
-                   "$DRAFTEROPS_EVIDENCE_KEY")  # fmt: skip
-    named = os.environ.get("DRAFTEROPS_EVIDENCE_KEY_FILE")
-    path = Path(named) if named else home() / "evidence.key"
+    """The key this process signs with: the file `DRAFTEROPS_SIGNING_KEY` names, else the local key (made
+    once, and said so once). A named file that is missing, unreadable as a key, or readable by group or
+    others is refused, never replaced."""
+    named = os.environ.get(KEY_ENV)
+    if named is not None:
+        if not named.strip():
+            raise BadInput(f"{KEY_ENV} is set but empty: name a key file made by `python -m steps.keys new`")
+        path = Path(named)
+        if not path.is_file():
+            raise BadInput(f"{path}: {KEY_ENV} names no file")
+        return Key(read_private(path), str(path))
+    path = local_key_path()
     if path.is_file():
-        return Key(_read_key(path), str(path))
-    if named:
-        raise BadInput(f"{path}: DRAFTEROPS_EVIDENCE_KEY_FILE names no file")
+        return Key(read_private(path), str(path))
     if not create:
-        raise BadInput(f"no evidence key: set DRAFTEROPS_EVIDENCE_KEY or create {path}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # written whole (and synced) under another name, then linked into place: a process starting at the same
-    # moment sees no key or the whole key, never an empty file, and the first link wins
-    secret = os.urandom(32).hex() + "\n"
-    fd, staged = tempfile.mkstemp(dir=path.parent, prefix=".evidence.key.")
-    try:
-        _write_synced(fd, secret)  # mkstemp's file is 0600
-        try:
-            os.link(staged, path)
-        except FileExistsError:  # another process created it first: use theirs
-            return Key(_read_key(path), str(path))
-        except OSError:  # a filesystem without hard links: create it in place, first O_EXCL wins
-            if not _create_exclusively(path, secret):
-                return Key(_read_key(path), str(path))
-    finally:
-        os.unlink(staged)
-    if str(path) not in _ANNOUNCED:
+        raise BadInput(f"no signing key: set {KEY_ENV} or run `python -m steps.keys new local`")
+    if write_private(path, generate()) and str(path) not in _ANNOUNCED:  # said by its maker only
         _ANNOUNCED.add(str(path))
         print(
-            f"drafterops: created a local evidence key at {path} (0600); evidence signed with it is trusted only "
-            "where this key is. A team sets DRAFTEROPS_EVIDENCE_KEY where evaluations run, and nowhere else.",
+            f"drafterops: created a local signing key at {path} (0600). With no trust file, only records signed "
+            "with it count here; a team lists its evaluators' and promoters' public keys in a trust file "
+            "(docs/promotion.md#keys-and-trust).",
             file=sys.stderr,
         )
-    return Key(_read_key(path), str(path))
+    return Key(read_private(path), str(path))
 
 
-def _create_exclusively(path: Path, secret: str) -> bool:
-    """Write the key to `path` unless it exists (False: another process made it)."""
+def write_private(path: Path, private: Any) -> bool:
+    """Write a new private key to `path` (0600), whole or not at all; False when one was there first.
+    Staged under another name and linked into place: a process starting at the same moment sees no key
+    or the whole key, and the first link wins."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd, staged = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return False
-    _write_synced(fd, secret)
+        with os.fdopen(fd, "wb") as fh:  # mkstemp's file is 0600
+            fh.write(private_pem(private))
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(staged, path)
+        except FileExistsError:
+            return False
+        except OSError:  # a filesystem without hard links: create it in place, the first O_EXCL wins
+            try:
+                out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                return False
+            with os.fdopen(out, "wb") as fh:
+                fh.write(private_pem(private))
+                fh.flush()
+                os.fsync(fh.fileno())
+    finally:
+        os.unlink(staged)
     return True
 
 
-def _write_synced(fd: int, secret: str) -> None:
-    """The key on disk before anyone can read it under its name (a crash leaves no empty key)."""
-    with os.fdopen(fd, "w") as fh:
-        fh.write(secret)
-        fh.flush()
-        os.fsync(fh.fileno())
+def read_private(path: Path) -> Any:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-
-def _read_key(path: Path) -> bytes:
+    if not path.is_file():
+        raise BadInput(f"{path}: no such key file")
     if path.stat().st_mode & 0o077:
-        raise BadInput(f"{path}: an evidence key readable by group or others is refused; chmod 600 it")
-    return _checked(path.read_bytes().strip(), str(path))
-
-
-def _checked(secret: bytes, where: str) -> bytes:
-    if not secret:
-        raise BadInput(f"{where}: the evidence key is set but empty")
-    if len(secret) < MIN_KEY_BYTES:
+        raise BadInput(f"{path}: a signing key readable by group or others is refused; chmod 600 it")
+    data = path.read_bytes()
+    if not data.strip():
+        raise BadInput(f"{path}: the signing key file is empty")
+    try:
+        private = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError):
         raise BadInput(
-            f"{where}: an evidence key needs at least {MIN_KEY_BYTES} bytes (got {len(secret)}); "
-            "`python -c 'import os; print(os.urandom(32).hex())'` makes one"
-        )
-    return secret
+            f"{path}: not an unencrypted PEM private key (make one with `python -m steps.keys new NAME`)"
+        ) from None
+    if not isinstance(private, Ed25519PrivateKey):
+        raise BadInput(f"{path}: not an Ed25519 key")
+    return private
 
 
 def canonical(payload: dict[str, Any]) -> bytes:
@@ -130,25 +190,43 @@ def canonical(payload: dict[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
 
+def digest(payload: dict[str, Any]) -> str:
+    """sha256 of a signed record as signed (signature included): what a later record names it by."""
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def sign(payload: dict[str, Any], key: Key | None = None) -> dict[str, Any]:
-    """The payload with its key id and signature added."""
+    """The payload with its algorithm, key id and signature added."""
     key = key or load_key()
-    out = {**payload, KEY_ID: key.id}
-    out[SIGNATURE] = hmac.new(key.secret, canonical(out), hashlib.sha256).hexdigest()
+    out = {**payload, ALGORITHM: ED25519, KEY_ID: key.id}
+    out[SIGNATURE] = base64.b64encode(key.private.sign(canonical(out))).decode()
     return out
 
 
-def verify(payload: dict[str, Any], key: Key | None = None) -> str | None:
-    """None when the signature holds under the configured key; else why not, in a few words."""
+def verify(payload: dict[str, Any], role: str, trust: Any) -> str | None:
+    """None when the signature holds under a key `trust` (registry.trust) lists for `role` ("evaluator"
+    or "promoter"); else why not, in a few words."""
     sig = payload.get(SIGNATURE)
     if not isinstance(sig, str) or not sig:
         return "unsigned"
-    key = key or load_key()
-    if payload.get(KEY_ID) != key.id:
-        return f"signed with another key (id {str(payload.get(KEY_ID))[:16]}, this key is {key.id})"
+    if payload.get(ALGORITHM) != ED25519:
+        return "signed with the shared HMAC key of drafterops before Ed25519 keys, which no longer counts " \
+               "(re-evaluate, or re-promote, under an Ed25519 key)"  # fmt: skip
+    kid = payload.get(KEY_ID)
+    public = trust.public(role, kid)
+    if public is None:
+        return trust.refusal(role, kid)
     try:
         body = canonical(payload)
+        raw = base64.b64decode(sig, validate=True)
     except (TypeError, ValueError):
         return "not canonical JSON"
-    expected = hmac.new(key.secret, body, hashlib.sha256).hexdigest()
-    return None if hmac.compare_digest(expected, sig) else "bad signature (the record was changed after signing)"
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    try:
+        Ed25519PublicKey.from_public_bytes(public).verify(raw, body)
+    except InvalidSignature:
+        return "bad signature (the record was changed after signing)"
+    return None

@@ -63,6 +63,11 @@ class Profile:
     measured: dict = field(default_factory=dict, compare=False)
     concurrency: int | None = None  # set on a view of the profile at one operating point
     cycle_points: tuple[tuple[int, float], ...] = field(default=())  # timed cycles at this point, by depth
+    # the deployment's target (a folder, resolved against the profile's own folder, or a hub id): evidence
+    # counts only when measured on it (registry.deployment); not in the digest, it is checked by its own
+    target: str = ""
+    trusted_evaluators: dict = field(default_factory=dict, compare=False)  # name -> "ed25519:..." (registry.trust)
+    signed: dict = field(default_factory=dict, compare=False)  # calibrate's signature over values and measured
 
     @property
     def cycle_ms(self) -> float:
@@ -101,7 +106,16 @@ class Profile:
     def values(self) -> dict[str, object]:
         """What decisions depend on (the description and provenance do not; a class's file is its digest,
         not its path). Fields a hand-written profile leaves empty are left out, so its digest is unchanged."""
-        skip = {"description", "measured", "operating_points", "concurrency", "cycle_points"}
+        skip = {
+            "description",
+            "measured",
+            "operating_points",
+            "concurrency",
+            "cycle_points",
+            "target",
+            "trusted_evaluators",
+            "signed",
+        }
         out: dict[str, object] = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
         out["workload"] = [c.identity() for c in self.workload]
         if self.operating_points:
@@ -154,6 +168,9 @@ def load_profile(name_or_path: str, profile_dir: Path = PROFILE_DIR) -> Profile:
         "eval_prompts",
         "eval_prompts_sha256",
         "operating_points",
+        "target",
+        "trusted_evaluators",
+        "signed",
     }
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -176,9 +193,24 @@ def load_profile(name_or_path: str, profile_dir: Path = PROFILE_DIR) -> Profile:
     values["workload"] = parse_workload(raw, path)
     values["operating_points"] = parse_operating_points(raw.get("operating_points"), path)
     values["measured"] = _measured(raw.get("measured"), values, path)
+    values["target"] = _target(raw.get("target"), path)
+    for key in ("trusted_evaluators", "signed"):
+        if not isinstance(raw.get(key) or {}, dict):
+            raise BadInput(f"{path}: {key} must be a mapping")
+        values[key] = dict(raw.get(key) or {})
     if values["operating_points"]:
         values["cycle_points"] = primary(values["operating_points"]).cycle_ms_measured
     return Profile(**values)
+
+
+def _target(raw: object, path: Path) -> str:
+    """A folder named relative to the profile (as its prompt files are), else the name as written."""
+    if raw is None:
+        return ""
+    if not isinstance(raw, str) or not raw.strip():
+        raise BadInput(f"{path}: target must name the deployment's target (a folder or a hub id)")
+    here = path.parent / raw
+    return str(here.resolve()) if here.is_dir() else raw
 
 
 def _measured(raw: object, values: dict, path: Path) -> dict:

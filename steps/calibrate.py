@@ -309,6 +309,7 @@ def conclude(request: Request, t: Timings) -> Calibration:
         choice.k if choice else depths[0]
     )  # fmt: skip
     measured = t.measured
+    measured.update(target=str(args.target), target_digest=deployed_target_digest(args.target))
     measured.update(
         date=time.strftime("%Y-%m-%d"), draft_steps=depths, concurrency=loads, prompts=str(args.prompts),
         prompts_sha256=t.prompts_digest, max_new_tokens=request.max_new,
@@ -336,13 +337,31 @@ def conclude(request: Request, t: Timings) -> Calibration:
     return Calibration(ops, depths, choice, text, observed, warnings, record)
 
 
+def deployed_target_digest(target: str) -> str:
+    """The digest of the target the engine served, which evidence for this profile must then carry."""
+    from drafter.fingerprint import target_digest
+
+    try:
+        return target_digest(target)
+    except BadInput as exc:
+        print(f"calibrate: warning: {exc}; the profile records no target digest, so no evidence can count "
+              "under it until it is recalibrated where the target's files are", file=sys.stderr)  # fmt: skip
+        return ""
+
+
 def write_profile(out: Path, text: str) -> Any:
-    """The profile written whole (a partial file, checked by loading it, then renamed over `out`)."""
+    """The profile written whole and signed by this calibration's key (a partial file, checked by loading
+    it, then renamed over `out`): numbers edited later no longer verify, and read as a hand-written profile."""
+    import yaml
+
+    from registry.deployment import sign_calibration
     from serving.profile import load_profile
 
     tmp = out.with_name(f".{out.stem}.partial{out.suffix}")
     tmp.write_text(text)
     try:
+        signed = sign_calibration(load_profile(str(tmp)))
+        tmp.write_text(text.rstrip("\n") + "\n" + yaml.safe_dump({"signed": signed}, sort_keys=True))
         profile = load_profile(str(tmp))
     except BadInput as exc:
         tmp.unlink()

@@ -164,6 +164,7 @@ def parse(args: argparse.Namespace) -> Request:
     deployment = profile.with_draft_steps(k)
     data = none_if_empty(args.data)
     classes, scope = prompt_classes(args, profile, limit)
+    require_evaluator_key(profile)
     if not data and not classes:
         raise BadInput("give --prompts (online) and/or --data (offline)")
     engine, endpoint = args.engine, none_if_empty(args.endpoint)
@@ -176,6 +177,19 @@ def parse(args: argparse.Namespace) -> Request:
         args, profile, deployment, deployment.binding(), k, temperature, max_new, limit, seed, data, classes, scope,
         engine, endpoint, served,
     )  # fmt: skip
+
+
+def require_evaluator_key(profile: Any) -> None:
+    """An evaluation signs evidence: a key no trust list names as an evaluator (a promoter's, say) is refused
+    before anything is measured, since its record would count for nothing."""
+    from registry.deployment import trust_for
+    from registry.signing import load_key
+    from registry.trust import EVALUATOR
+
+    key, trust = load_key(), trust_for(profile)
+    if trust.name(EVALUATOR, key.id) is None:
+        raise BadInput(f"{key.origin}: signing key {key.id} is not a trusted evaluator ({trust.origin}): "
+                       "its evidence would count for nothing")  # fmt: skip
 
 
 def serving_engine(request: Request) -> Engine | None:
@@ -530,7 +544,19 @@ def evidence_record(request: Request, ev: Evaluation):
         acc_pos=[float(a) for a in measured.acc_pos],
         endpoint=measured.endpoint,
         drafter_attested=measured.attested,
+        acknowledged=unusable_runs(mv, profile),
     )
+
+
+def unusable_runs(mv: Any, profile: Any) -> list[str]:
+    """The version's runs whose record is unusable now: this evaluation, newer than each, replaces them."""
+    if mv is None:
+        return []
+    from registry import store
+    from registry.deployment import trust_for
+
+    found = evidence.records_for(store.client(), mv.name, str(mv.version), trust_for(profile))
+    return [run for run, _, _ in found.unusable]
 
 
 def summary(name: str, profile: str, m: dict[str, float]) -> str:

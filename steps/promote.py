@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from registry import store
 
     profile, margin = parse(args)
+    require_promoter_key()
     c = store.client()
     with store.registry_lock():  # nothing moves between the evidence read and the alias move
         judgement = judge(c, args, profile, margin)
@@ -56,29 +57,37 @@ def parse(args: argparse.Namespace) -> tuple[Any, float]:
     return profile, margin
 
 
+def require_promoter_key() -> None:
+    """A promotion signs a sanction: a key no trust list names as a promoter (an evaluator's, say) is refused
+    before anything is read or written."""
+    from registry.signing import load_key
+    from registry.trust import PROMOTER, load_trust
+
+    key, trust = load_key(), load_trust()
+    if trust.name(PROMOTER, key.id) is None:
+        raise BadInput(f"{key.origin}: signing key {key.id} is not a trusted promoter ({trust.origin})")
+
+
 def judge(c: Any, args: argparse.Namespace, profile: Any, margin: float) -> Judgement:
     """The candidate's and the incumbent's evidence recomputed from their records, and the rule applied."""
-    from mlflow.exceptions import MlflowException
-
-    from registry import evidence, naming, policy, reconcile, store
+    from registry import audit, evidence, policy, reconcile, sanction, store
+    from registry.deployment import check_target, deployment
 
     mv = store.get_version(args.model, c)
     reconcile.warn_if_disagreeing(c, mv.name, "promote")
-    model_target = c.get_registered_model(mv.name).tags.get(naming.MODEL_TAG_TARGET)
-    if not model_target:
-        raise BadInput(f"registered model {mv.name!r} names no target (tag '{naming.MODEL_TAG_TARGET}')")
-    candidate = evidence.recompute(c, mv, profile, model_target)
+    dep = deployment(profile)
+    check_target(dep)
+    candidate = evidence.recompute(c, mv, profile, dep)
     incumbent, note = None, ""
-    try:
-        cur = c.get_model_version_by_alias(mv.name, args.stage)
-        incumbent = (
-            candidate if str(cur.version) == str(mv.version) else evidence.recompute(c, cur, profile, model_target)
-        )
-    except MlflowException:
-        if args.stage in c.get_registered_model(mv.name).aliases:
-            note = f"the {args.stage} alias pointed at a deleted version; treated as empty"
-            c.delete_registered_model_alias(mv.name, args.stage)
-    decision = policy.decide(candidate, args.stage, model_target, incumbent, margin)
+    held = sanction.holder(c, mv.name, args.stage)  # the chain's holder, not the live alias (which anyone moves)
+    if held.version is not None:
+        cur = c.get_model_version(mv.name, held.version)
+        incumbent = candidate if str(cur.version) == str(mv.version) else evidence.recompute(c, cur, profile, dep)
+    live = audit.current_alias_version(c, mv.name, args.stage)
+    if live != held.version:
+        note = f"the {args.stage} alias points at {f'v{live}' if live else 'nothing'}; the sanctioned holder is " \
+               f"{f'v{held.version}' if held.version else 'nothing'}, and the rule compares against it"  # fmt: skip
+    decision = policy.decide(candidate, args.stage, dep.target or None, incumbent, margin)
     lines = [f"promote models:/{mv.name}/{mv.version} to {args.stage} on {profile.name}:", "",
              "| rule | verdict | detail |", "|---|---|---|"]  # fmt: skip
     lines += [f"| {r.rule} | {'ok' if r.ok else 'NO'} | {r.detail} |" for r in decision.reasons]

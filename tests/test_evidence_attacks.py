@@ -12,6 +12,7 @@ a pinned set it was trained on.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -61,7 +62,7 @@ def _forge(tmp: Path, version: str, target: Path, sign_with=None, per_prompt=Non
     (profile digest, pinned prompts, drafter files, target digest) is computable by anyone."""
     from drafter.fingerprint import target_digest
     from registry import signing, store
-    from registry.evidence import EVIDENCE_FILE, TAG, ClassCounts, EvidenceRecord, pinned_keys
+    from registry.evidence import DIGEST_PARAM, EVIDENCE_FILE, TAG, ClassCounts, EvidenceRecord, pinned_keys
     from serving.profile import load_profile
 
     profile = load_profile(str(tmp / "lenient.yaml"))
@@ -80,6 +81,7 @@ def _forge(tmp: Path, version: str, target: Path, sign_with=None, per_prompt=Non
     run = c.create_run(c.get_experiment_by_name("Default").experiment_id, tags=rec.run_tags())
     c.log_param(run.info.run_id, TAG, f"{NAME}/{version}")  # the param evidence is found by, as evaluate logs it
     c.log_text(run.info.run_id, json.dumps(payload), EVIDENCE_FILE)
+    c.log_param(run.info.run_id, DIGEST_PARAM, hashlib.sha256(json.dumps(payload).encode()).hexdigest())
     c.set_terminated(run.info.run_id, "FINISHED")
     return run.info.run_id
 
@@ -90,7 +92,7 @@ def store(tiny_targets, tmp_path_factory):
     so an honest evaluation is the positive control; sampled: the same at temperature 0.8)."""
     tmp = tmp_path_factory.mktemp("attacks")
     _, wrapped = tiny_targets
-    write_profiles(tmp)
+    write_profiles(tmp, wrapped)
     lenient = (tmp / "lenient.yaml").read_text()
     (tmp / "sampled.yaml").write_text(lenient.replace("lenient", "sampled") + "eval_temperature: 0.8\n")
     register_gated(tmp, wrapped, (1, 2))
@@ -99,6 +101,7 @@ def store(tiny_targets, tmp_path_factory):
 
 def test_chosen_forged_and_impossible_records_are_refused_then_the_honest_one_promotes(store):
     """v2: every attack leaves it refused with its reason; its honest evaluation promotes it."""
+    from registry import signing
     from registry.signing import Key
 
     tmp, target = store
@@ -119,8 +122,8 @@ def test_chosen_forged_and_impossible_records_are_refused_then_the_honest_one_pr
     forged = _forge(tmp, "2", target, sign=False)
     _refused(_promote(tmp, "2"), f"evaluation run {forged} is not usable evidence (unsigned)")
     # the same, signed with a key of the forger's own
-    forged = _forge(tmp, "2", target, sign_with=Key(b"attacker-key-0123456789", "test"))
-    _refused(_promote(tmp, "2"), "signed with another key")
+    forged = _forge(tmp, "2", target, sign_with=Key(signing.generate(), "the forger's own"))
+    _refused(_promote(tmp, "2"), "signed with a key no trust list names as evaluator")
     # a validly signed record with physically impossible counts (35 tokens in 12 cycles at 8 new tokens)
     _forge(tmp, "2", target, per_prompt=[(35, 12)] * 20)
     _refused(_promote(tmp, "2"), "impossible counts: class all prompt 0: 35 tokens in 12 cycles at max_new_tokens 8")
@@ -157,14 +160,17 @@ def test_stale_and_edited_records_are_refused_until_a_newer_evaluation(store):
     raw = json.loads(record.read_text())
     raw["classes"][0]["per_prompt"] = [[3, 1]] * len(raw["classes"][0]["per_prompt"])
     record.write_text(json.dumps(raw))
-    _refused(_promote(tmp, "1"), f"evaluation run {latest} is not usable evidence (bad signature")
+    _refused(_promote(tmp, "1"), f"evaluation run {latest} is not usable evidence (its evidence.json was overwritten")
     _evaluate(tmp, "1", "lenient.yaml", target=target)
     assert _promote(tmp, "1").returncode == 0
 
 
-def test_deleting_or_failing_the_unfavourable_record_withdraws_nothing(store):
+def test_deleting_failing_or_overwriting_the_unfavourable_record_withdraws_nothing(store):
     """At temperature 0.8 two seeds give two records; the least favourable decides, and still decides
-    after its run is deleted, and after it is marked FAILED."""
+    after its run is deleted, and after it is marked FAILED; overwritten with the favourable one, it
+    blocks the version until a newer evaluation."""
+    from registry.evidence import EVIDENCE_FILE
+
     tmp, target = store
     c = _client(tmp)
     for seed in ("0", "7"):
@@ -186,6 +192,15 @@ def test_deleting_or_failing_the_unfavourable_record_withdraws_nothing(store):
     c.restore_run(worst)
     c.set_terminated(worst, "FAILED")
     assert f"evaluation run {worst}" in deciding_run()
+    # overwritten through the API with the favourable record (validly signed, a copy): the version is blocked
+    # until an evaluation made after the overwrite, which then replaces the lost record
+    best = next(r.info.run_id for r in runs if r.info.run_id != worst)
+    favourable = Path(c.download_artifacts(best, EVIDENCE_FILE, str(tmp / "dl"))).read_text()
+    c.log_text(worst, favourable, EVIDENCE_FILE)
+    _refused(_promote(tmp, "1", "sampled.yaml"), f"evaluation run {worst} is not usable evidence (its evidence.json "
+             "was overwritten after the run logged it)")  # fmt: skip
+    _evaluate(tmp, "1", "sampled.yaml", "--seed", "3", target=target)
+    assert f"evaluation run {worst}" not in deciding_run()
 
 
 @pytest.fixture(scope="module")
@@ -204,6 +219,7 @@ def candidate_store(small_main_job, tmp_path_factory):
         f"  - {{name: {c.name}, prompts: {c.prompts}, sha256: {c.sha256}, share: {c.share}}}\n" for c in kimi.workload
     )
     head = "baseline_tps: 10\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\neval_max_new_tokens: 16\n"
+    head += f"target: {kimi.target}\n"
     (tmp / "mix.yaml").write_text("name: mix\n" + head + "workload:\n" + classes)
     train = Path(kimi.workload[0].prompts).parent / "k2.5-train.jsonl"
     (tmp / "trained.yaml").write_text(

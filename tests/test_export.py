@@ -125,7 +125,7 @@ def promoted(tiny_targets, tmp_path_factory):
     """v1 evaluated on a lenient profile and promoted to staging; v2 gated but holding no serving alias."""
     tmp = tmp_path_factory.mktemp("export")
     _, wrapped = tiny_targets
-    write_profiles(tmp)
+    write_profiles(tmp, wrapped)
     register_gated(tmp, wrapped, (1, 2))
     evaluate(tmp, "models:/k25-tiny-eagle3/1", wrapped, tmp / "lenient.yaml")
     done = run_step("promote", ["--model", "models:/k25-tiny-eagle3/1", "--profile", str(tmp / "lenient.yaml"),

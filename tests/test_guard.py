@@ -80,7 +80,7 @@ def test_unsanctioned_alias_moves_are_reverted(tiny_targets, tmp_path):
         (tmp_path / "lenient.yaml").write_text(
             "name: lenient\nbaseline_tps: 10\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\nmin_prompts: 1\n"
             f"eval_prompts: p.jsonl\neval_prompts_sha256: {file_digest(tmp_path / 'p.jsonl')}\n"
-            "eval_max_new_tokens: 6\n"
+            f"eval_max_new_tokens: 6\ntarget: {wrapped}\n"
         )
         uri = f"models:/{name}/2"
         assert run_step("shape_gate", ["--model", uri, "--target", str(wrapped)], tmp_path).returncode == 0
@@ -165,6 +165,7 @@ def promoted(tiny_targets, tmp_path):
     (tmp_path / "lenient.yaml").write_text(
         "name: lenient\nbaseline_tps: 10\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\nmin_prompts: 1\n"
         f"eval_prompts: p.jsonl\neval_prompts_sha256: {file_digest(tmp_path / 'p.jsonl')}\neval_max_new_tokens: 6\n"
+        f"target: {wrapped}\n"
     )
     for seed in (1, 2, 3):
         save_drafter(
@@ -263,3 +264,73 @@ def test_reconcile_restores_every_kind_of_move_on_a_store_without_a_guard(promot
     assert "production" not in c.get_registered_model(NAME).aliases
     reverts = c.search_runs([audit], filter_string="tags.decision = 'guard:revert:production'")
     assert len(reverts) >= 6 and all(r.data.tags["reason"] for r in reverts)
+
+
+def test_the_chain_holds_against_a_flood_an_edited_tag_an_overwrite_and_deletions(promoted):
+    """The holder is the head of the signed chain: 520 junk audit runs claiming sanctions and a tag edited on
+    the newest sanction move nothing; a hand-deleted alias does not make promote forget production; an
+    overwritten sanction leaves production where it is and is audited; a deleted holder is audited once."""
+    import hashlib
+
+    from registry.reconcile import reconcile
+    from registry.sanction import DIGEST_PARAM, PARAM, SANCTION_FILE, holder
+    from tests.helpers.steps import run_step
+
+    tmp, _ = promoted
+    c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    audit = c.get_experiment_by_name("drafterops-audit").experiment_id
+    sanctions = c.search_runs([audit], filter_string="tags.decision = 'alias:production'",
+                              order_by=["attributes.start_time DESC"])  # fmt: skip
+    newest, first = sanctions[0].info.run_id, sanctions[-1].info.run_id
+    (tmp / "old").mkdir()
+    old = c.download_artifacts(first, SANCTION_FILE, str(tmp / "old"))
+    # a tag edited on the newest sanction, and 520 junk runs (the old window was 500), some replaying v1's
+    c.set_tag(newest, "version", "1")
+    c.set_tag(newest, "decision", "junk")
+    for i in range(520):
+        run = c.create_run(audit, tags={"model": NAME, "version": "1", "decision": "alias:production"})
+        c.log_param(run.info.run_id, PARAM, f"{NAME}@production")
+        if i % 2:  # a replayed copy of v1's sanction, with the digest param a real one has: the same link again
+            c.log_artifact(run.info.run_id, old)
+            c.log_param(run.info.run_id, DIGEST_PARAM, hashlib.sha256(Path(old).read_bytes()).hexdigest())
+        else:
+            c.log_text(run.info.run_id, '{"kind": "sanction", "version": "3"}', SANCTION_FILE)
+    held = holder(c, NAME, "production")
+    assert held.version == "2" and any("260 audit run(s) claim a sanction" in f for f in held.findings), held
+    done = reconcile(c)
+    assert [a for a in done if "back from" in a or "cleared" in a] == [] and len(done) == 1, done
+    assert reconcile(c) == []  # the finding is said once
+    assert str(c.get_model_version_by_alias(NAME, "production").version) == "2"
+    # the alias deleted by hand: promote still compares against the chain's holder
+    c.delete_registered_model_alias(NAME, "production")
+    res = run_step("promote", ["--model", f"models:/{NAME}/1", "--profile", str(tmp / "lenient.yaml")], tmp, here=True)
+    assert "vs production v2" in res.stdout and "the sanctioned holder is v2" in res.stdout, res.stdout
+    if res.returncode == 0:  # v1 measured no worse than v2: promoted, and the chain goes on from v2's sanction
+        assert holder(c, NAME, "production").version == "1" and reconcile(c) == []
+        c.delete_model_version(NAME, "1")  # v1 deleted: the chain falls back to v2, and says so
+        assert any("back from nothing to v2" in a for a in reconcile(c))
+    else:
+        assert res.returncode == 1 and any("back from nothing to v2" in a for a in reconcile(c))
+    # the newest sanction overwritten with an old one: nobody can say where the head is, so nothing moves
+    head = holder(c, NAME, "production").run_id
+    (tmp / "saved").mkdir()
+    saved = c.download_artifacts(head, SANCTION_FILE, str(tmp / "saved"))
+    c.log_artifact(head, old)
+    c.set_registered_model_alias(NAME, "production", "3")
+    assert holder(c, NAME, "production").uncertain
+    done = reconcile(c)
+    assert any("was overwritten" in a for a in done) and str(c.get_registered_model(NAME).aliases["production"]) == "3"
+    c.log_artifact(head, saved)  # put back as it was: the chain reads whole again
+    assert hashlib.sha256(Path(saved).read_bytes()).hexdigest() == c.get_run(head).data.params[DIGEST_PARAM]
+    assert any("back from v3 to v2" in a for a in reconcile(c))
+    # every sanctioned version deleted: production is cleared and the loss audited, once
+    c.delete_model_version(NAME, "2")
+    if "1" in {str(v.version) for v in c.search_model_versions(f"name='{NAME}'")}:
+        assert any("back from nothing to v1" in a for a in reconcile(c))
+        c.delete_model_version(NAME, "1")
+    done = reconcile(c)
+    assert any("sanctioned v2 of `production` no longer exists" in a for a in done), done
+    assert "production" not in c.get_registered_model(NAME).aliases
+    assert reconcile(c) == []
+    lines = c.search_runs([audit], filter_string="tags.decision = 'guard:finding:production'")
+    assert any("v2 of `production` no longer exists" in r.data.tags["reason"] for r in lines)

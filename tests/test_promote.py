@@ -53,7 +53,7 @@ def evaluated(tiny_targets, tmp_path_factory):
     under a lenient one whose break-even any drafter beats (the positive control)."""
     tmp = tmp_path_factory.mktemp("promote")
     _, wrapped = tiny_targets
-    write_profiles(tmp)
+    write_profiles(tmp, wrapped)
     register_gated(tmp, wrapped, (1, 2))
     for profile in ("strict.yaml", "lenient.yaml"):
         evaluate(tmp, "models:/k25-tiny-eagle3/1", wrapped, tmp / profile)
@@ -144,7 +144,7 @@ def test_the_gate_is_recomputed_not_read_from_a_tag(tiny_targets, tmp_path):
     from tests.helpers.drafters import tiny_drafter
 
     _, wrapped = tiny_targets
-    write_profiles(tmp_path)
+    write_profiles(tmp_path, wrapped)
     save_drafter(tiny_drafter(seed=3, vocab_size=64, draft_vocab_size=32), tmp_path / "d", include_embedding=False)
     assert (
         run_step("import_drafter", ["--source", str(tmp_path / "d"), "--target", str(wrapped)], tmp_path).returncode
@@ -206,7 +206,7 @@ def test_evidence_matching_is_by_values_not_names(tmp_path):
     from registry.evidence import ClassCounts, EvidenceRecord, mismatches, pinned_keys
     from serving.profile import load_profile
 
-    write_profiles(tmp_path)
+    write_profiles(tmp_path, tmp_path)
     real = load_profile(str(tmp_path / "strict.yaml"))
     fake = replace(real, baseline_tps=1.0)  # the same name, other figures
     keys = pinned_keys(real)["all"]

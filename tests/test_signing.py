@@ -1,67 +1,109 @@
-"""The local evidence key: made once, 0600, whole for every process that starts at the same moment, and
-made on a filesystem without hard links too."""
+"""Ed25519 signing keys and the trust file: a local key made once, 0600, whole for every process that
+starts at the same moment (and on a filesystem without hard links); named key files checked; records
+verified against the keys a trust file lists for each role."""
 
 import os
 import stat
 import subprocess
 import sys
 
-from registry import signing
+import pytest
+
+from common.errors import BadInput
+from registry import signing, trust
 
 
 def test_processes_starting_together_share_one_whole_key(tmp_path):
-    read = "from registry import signing; print(signing.load_key().secret.decode())"
+    read = "from registry import signing; print(signing.load_key().id)"
     env = {**os.environ, "DRAFTEROPS_HOME": str(tmp_path)}
-    env.pop("DRAFTEROPS_EVIDENCE_KEY", None)
+    env.pop(signing.KEY_ENV, None)
     procs = [subprocess.Popen([sys.executable, "-c", read], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(4)]  # fmt: skip
     outs = [p.communicate(timeout=120) for p in procs]
-    secrets = {out.strip() for out, _ in outs}
-    assert len(secrets) == 1 and len(secrets.pop()) == 64, outs
-    assert sum("created a local evidence key" in err for _, err in outs) == 1  # said once, by its maker
-    assert os.listdir(tmp_path) == ["evidence.key"]  # no staged file left behind
-    assert stat.S_IMODE((tmp_path / "evidence.key").stat().st_mode) == 0o600
+    ids = {out.strip() for out, _ in outs}
+    assert len(ids) == 1 and len(ids.pop()) == 16, outs
+    assert sum("created a local signing key" in err for _, err in outs) == 1  # said once, by its maker
+    assert os.listdir(tmp_path / "keys") == ["local.key"]  # no staged file left behind
+    assert stat.S_IMODE((tmp_path / "keys" / "local.key").stat().st_mode) == 0o600
 
 
 def test_a_filesystem_without_hard_links_still_gets_its_key(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTEROPS_HOME", str(tmp_path))
-    monkeypatch.delenv("DRAFTEROPS_EVIDENCE_KEY", raising=False)
-    monkeypatch.delenv("DRAFTEROPS_EVIDENCE_KEY_FILE", raising=False)
+    monkeypatch.delenv(signing.KEY_ENV, raising=False)
 
     def no_links(src, dst):
         raise OSError(95, "Operation not supported")
 
     monkeypatch.setattr(os, "link", no_links)
     key = signing.load_key()
-    assert signing.load_key().secret == key.secret and len(key.secret) == 64
-    assert os.listdir(tmp_path) == ["evidence.key"]
-    assert stat.S_IMODE((tmp_path / "evidence.key").stat().st_mode) == 0o600
+    assert signing.load_key().id == key.id
+    assert os.listdir(tmp_path / "keys") == ["local.key"]
+    assert stat.S_IMODE((tmp_path / "keys" / "local.key").stat().st_mode) == 0o600
 
 
-def test_a_weak_empty_or_exposed_key_is_refused_never_replaced(tmp_path, monkeypatch):
-    """A key set but empty used to fall back to the local key; a short one or one in a file others can read
-    used to sign anyway: each is now bad input naming where the key came from."""
-    import pytest
-
-    from common.errors import BadInput
-
+def test_an_empty_missing_exposed_or_typed_key_is_refused_never_replaced(tmp_path, monkeypatch):
+    """A key set but empty, a file that is not there, not a key, or readable by others: each is bad input
+    naming where the key came from, and no local key is made in its place."""
     monkeypatch.setenv("DRAFTEROPS_HOME", str(tmp_path))
-    monkeypatch.delenv("DRAFTEROPS_EVIDENCE_KEY_FILE", raising=False)
-    monkeypatch.setenv("DRAFTEROPS_EVIDENCE_KEY", "")
-    with pytest.raises(BadInput, match="DRAFTEROPS_EVIDENCE_KEY: the evidence key is set but empty"):
+    monkeypatch.setenv(signing.KEY_ENV, "")
+    with pytest.raises(BadInput, match="DRAFTEROPS_SIGNING_KEY is set but empty"):
         signing.load_key()
-    assert not (tmp_path / "evidence.key").exists()  # no local key made in its place
-    monkeypatch.setenv("DRAFTEROPS_EVIDENCE_KEY", "hunter2-hunter2")
-    with pytest.raises(BadInput, match="needs at least 32 bytes"):
+    monkeypatch.setenv(signing.KEY_ENV, str(tmp_path / "nope.key"))
+    with pytest.raises(BadInput, match="names no file"):
         signing.load_key()
-    monkeypatch.setenv("DRAFTEROPS_EVIDENCE_KEY", os.urandom(32).hex())
-    assert len(signing.load_key().secret) == 64
-    monkeypatch.delenv("DRAFTEROPS_EVIDENCE_KEY")
+    typed = tmp_path / "typed.key"
+    typed.write_text("hunter2-hunter2-hunter2-hunter2-hunter2\n")  # a typed string is not a key
+    typed.chmod(0o600)
+    monkeypatch.setenv(signing.KEY_ENV, str(typed))
+    with pytest.raises(BadInput, match="not an unencrypted PEM private key"):
+        signing.load_key()
+    assert not (tmp_path / "keys").exists()
     exposed = tmp_path / "team.key"
-    exposed.write_text(os.urandom(32).hex())
+    assert signing.write_private(exposed, signing.generate())
     exposed.chmod(0o644)
-    monkeypatch.setenv("DRAFTEROPS_EVIDENCE_KEY_FILE", str(exposed))
+    monkeypatch.setenv(signing.KEY_ENV, str(exposed))
     with pytest.raises(BadInput, match="readable by group or others is refused"):
         signing.load_key()
     exposed.chmod(0o600)
     assert signing.load_key().origin == str(exposed)
+
+
+def _key(tmp_path, name):
+    path = tmp_path / f"{name}.key"
+    signing.write_private(path, signing.generate())
+    return signing.Key(signing.read_private(path), str(path))
+
+
+def test_roles_are_kept_apart_and_key_ids_come_from_public_keys(tmp_path, monkeypatch):
+    """An evaluator's record verifies as evidence and not as a sanction; a promoter's the other way round;
+    a third key neither; an edit breaks the signature; an HMAC-signed record of before is refused by name."""
+    ci, alice, mallory = (_key(tmp_path, n) for n in ("ci", "alice", "mallory"))
+    (tmp_path / "trust.yaml").write_text(
+        f"trusted_evaluators:\n  ci: {ci.public_text}\ntrusted_promoters:\n  alice: {alice.public_text}\n"
+    )
+    monkeypatch.setenv(trust.TRUST_ENV, str(tmp_path / "trust.yaml"))
+    t = trust.load_trust()
+    assert ci.id == signing.key_id(ci.public) and ci.id != alice.id
+    record = signing.sign({"kind": "evidence", "accept_len": 2.5}, ci)
+    assert signing.verify(record, trust.EVALUATOR, t) is None
+    assert "not a trusted promoter" in signing.verify(record, trust.PROMOTER, t)
+    by_alice = signing.sign({"kind": "evidence"}, alice)
+    assert "signed by alice, a trusted promoter but not a trusted evaluator" in signing.verify(by_alice, "evaluator", t)
+    assert "no trust list names" in signing.verify(signing.sign({"kind": "evidence"}, mallory), "evaluator", t)
+    assert "bad signature" in signing.verify({**record, "accept_len": 3.5}, trust.EVALUATOR, t)
+    hmac_era = {"kind": "evidence", "key_id": ci.id, "signature": "ab" * 32}
+    assert "shared HMAC key" in signing.verify(hmac_era, trust.EVALUATOR, t)
+    (tmp_path / "trust.yaml").write_text("trusted_evaluators:\n  ci: ed25519:AAAA\n")
+    with pytest.raises(BadInput, match=r"trusted_evaluators.ci: an Ed25519 public key is 32 bytes"):
+        trust.load_trust()
+
+
+def test_keys_are_made_by_a_command_never_overwritten(tmp_path):
+    env = {**os.environ, "DRAFTEROPS_HOME": str(tmp_path)}
+    made = subprocess.run([sys.executable, "-m", "steps.keys", "new", "ci"], env=env, capture_output=True, text=True)
+    assert made.returncode == 0 and "ci: ed25519:" in made.stdout, made.stderr
+    assert stat.S_IMODE((tmp_path / "keys" / "ci.key").stat().st_mode) == 0o600
+    again = subprocess.run([sys.executable, "-m", "steps.keys", "new", "ci"], env=env, capture_output=True, text=True)
+    assert again.returncode == 2 and "never overwritten" in again.stderr
+    bad = subprocess.run([sys.executable, "-m", "steps.keys", "new", "../x"], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "name '../x'" in bad.stderr

@@ -227,6 +227,7 @@ def test_registered_model_page_shows_versions_alias_and_gate(tiny_targets, draft
     (tmp_path / "slow.yaml").write_text(
         "name: slow\nbaseline_tps: 5\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\nmin_prompts: 1\n"
         f"eval_prompts: p.jsonl\neval_prompts_sha256: {file_digest(prompts)}\neval_max_new_tokens: 6\n"
+        f"target: {wrapped}\n"
     )
     uri = "models:/k25-tiny-eagle3/1"
     step("import_drafter", ["--source", str(tmp_path / "d"), "--target", str(wrapped)], tmp_path)

@@ -13,20 +13,20 @@ from tests.helpers.steps import run_step
 MANY = [
     {"text": f"Prompt {i}: " + PROMPTS[i % len(PROMPTS)].get("text", "def add(a, b): return a + b")} for i in range(20)
 ]
-PIN = "eval_prompts: many.jsonl\neval_prompts_sha256: {sha}\neval_max_new_tokens: 8\n"
+PIN = "eval_prompts: many.jsonl\neval_prompts_sha256: {sha}\neval_max_new_tokens: 8\ntarget: {target}\n"
 LENIENT = "name: lenient\nbaseline_tps: 10\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\n" + PIN  # break-even 0.3
 STRICT = "name: strict\nbaseline_tps: 82\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\n" + PIN  # the seed's 2.46
 
 
-def write_profiles(tmp: Path) -> None:
+def write_profiles(tmp: Path, target: Path) -> None:
     """many.jsonl (20 distinct prompts) and the profiles that pin it: lenient (any drafter beats its
-    break-even: the positive control) and strict (the seed deployment's figures)."""
+    break-even: the positive control) and strict (the seed deployment's figures), on `target`."""
     from common.prompt_files import file_digest
 
     write_prompts(tmp / "many.jsonl", MANY)
     sha = file_digest(tmp / "many.jsonl")
-    (tmp / "lenient.yaml").write_text(LENIENT.format(sha=sha))
-    (tmp / "strict.yaml").write_text(STRICT.format(sha=sha))
+    (tmp / "lenient.yaml").write_text(LENIENT.format(sha=sha, target=target))
+    (tmp / "strict.yaml").write_text(STRICT.format(sha=sha, target=target))
 
 
 def evaluate(tmp, uri, target, profile, *extra):

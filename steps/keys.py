@@ -1,0 +1,59 @@
+"""`keys`: make and show Ed25519 signing keys (evaluators sign evidence and calibrations, promoters sign
+alias moves). A private key is generated here, never typed, written 0600 and never sent to the store;
+its public line goes into the team's trust file (docs/promotion.md#keys-and-trust).
+
+    python -m steps.keys new ci                 # ~/.drafterops/keys/ci.key, prints its public line
+    python -m steps.keys new alice --out /secure/alice.key
+    python -m steps.keys show                   # the key this process signs with (DRAFTEROPS_SIGNING_KEY)
+    python -m steps.keys show /secure/alice.key
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from common.errors import BadInput
+from registry import signing
+from steps._cli import parser, run_step
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def build() -> argparse.ArgumentParser:
+    p = parser("keys", __doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    new = sub.add_parser("new", help="generate a private key file (0600) and print its public line")
+    new.add_argument("name", help="who holds it (letters, digits, . _ -), the name trust files list it under")
+    new.add_argument("--out", default="", help="where to write it (default: $DRAFTEROPS_HOME/keys/NAME.key)")
+    show = sub.add_parser("show", help="print a key's id and public line")
+    show.add_argument("path", nargs="?", default="", help="a private key file (default: the signing key)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "new":
+        if not NAME.match(args.name):
+            raise BadInput(f"name {args.name!r}: use 1-64 letters, digits, '.', '_' or '-'")
+        path = Path(args.out) if args.out else signing.home() / "keys" / f"{args.name}.key"
+        if path.exists():
+            raise BadInput(f"{path}: exists; a key is never overwritten (choose another --out)")
+        if not signing.write_private(path, signing.generate()):
+            raise BadInput(f"{path}: another process wrote a key there first")
+        key = signing.Key(signing.read_private(path), str(path))
+        print(f"wrote {path} (0600); sign with it: export {signing.KEY_ENV}={path}")
+        print(f"its public line, for the trust file's trusted_evaluators or trusted_promoters:\n  {args.name}: "
+              f"{key.public_text}")  # fmt: skip
+        return 0
+    key = signing.Key(signing.read_private(Path(args.path)), args.path) if args.path else signing.load_key()
+    print(f"{key.origin}: key id {key.id}\n  {key.public_text}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_step("keys", build, run, argv)
+
+
+if __name__ == "__main__":
+    main()
