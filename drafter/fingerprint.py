@@ -65,3 +65,23 @@ def file_sha256(path: Path) -> str:
                 h.update(block)
         _HASHED[key] = h.hexdigest()
     return _HASHED[key]
+
+
+def tensor_digest(folder: str | Path) -> str:
+    """The weights' identity by value: sha256 over every tensor's name, dtype, shape and bytes, in name
+    order, whatever file, shard layout or metadata they were saved with. Lineage is looked up by it, so
+    weights re-saved with other metadata, or re-imported from a folder, are still the same weights."""
+    import torch
+    from safetensors import safe_open
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise BadInput(f"{folder}: no safetensors weights to fingerprint")
+    per_tensor: dict[str, str] = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as fh:
+            for name in fh.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                t = fh.get_tensor(name).contiguous()
+                raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+                per_tensor[name] = f"{t.dtype}|{list(t.shape)}|{hashlib.sha256(raw).hexdigest()}"
+    return _sha(per_tensor)

@@ -76,6 +76,7 @@ class EvidenceRecord:
     acc_pos: list[float] = field(default_factory=list)  # conditional acceptance by draft position, pooled
     # runs of this version whose record was unusable when this one was made: what this evaluation replaces
     acknowledged: list[str] = field(default_factory=list)
+    trained_on: list[str] = field(default_factory=list)  # measured prompts its lineage was trained on, then
     created: float = field(default_factory=time.time)
     format: int = FORMAT
     run_id: str = ""  # where it was read from; not part of the signed record
@@ -364,7 +365,7 @@ def recompute(c: Any, mv: Any, profile: Profile, dep: Any = None) -> Evidence:
     from drafter.compat import check_compat, drafter_facts, target_facts, verdict
     from registry import store
     from registry.deployment import deployment
-    from registry.lineage import overlap, training_prompt_keys
+    from registry.lineage import lineage, overlap
 
     dep = dep or deployment(profile)
     _, folder = store.version_folder(f"models:/{mv.name}/{mv.version}")
@@ -372,7 +373,9 @@ def recompute(c: Any, mv: Any, profile: Profile, dep: Any = None) -> Evidence:
     files = store.drafter_files(folder)
     found = records_for(c, mv.name, str(mv.version), dep.trust)
     pinned = pinned_keys(profile)
-    contaminated = overlap(training_prompt_keys(c, mv), pinned)
+    known = lineage(c, mv, folder=folder)
+    remembered = {key for rec in found.records for key in rec.trained_on}  # signed when evaluated
+    contaminated = overlap(known.keys | remembered, pinned)
     matching, refused = [], []
     for rec in found.records:
         why = mismatches(rec, profile, dep.digest, files, pinned, (mv.name, str(mv.version)))
@@ -386,7 +389,7 @@ def recompute(c: Any, mv: Any, profile: Profile, dep: Any = None) -> Evidence:
     ops = tuple((p.concurrency, _share(profile, p), break_even_accept_len(p)) for p in points if p.concurrency)
     base = Evidence(str(mv.version), gate, dep.target or None, classes=(), min_share=profile.min_share,
                     class_floor=profile.class_floor, contaminated=contaminated, operating_points=ops,
-                    basis=dep.basis)  # fmt: skip
+                    basis=dep.basis, lineage_problems=tuple(known.problems))  # fmt: skip
     if dep.refusal:
         return _with(base, note=dep.refusal)
     if blocking:

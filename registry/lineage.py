@@ -1,52 +1,132 @@
 """What a version was trained on, as far as the registry knows: the prompts of its fine-tuning datasets
-and of every version it descends from.
+and of everything it descends from, found by the weights' values, not by names or tags.
 
 `make_data` records the identity of each prompt a dataset was captured from (serving.workload.prompt_key,
 covered by the dataset's digest); `finetune` logs them with the run that registers a version
-(`lineage/training_prompts.json`). An evaluation on prompts the candidate (or an ancestor) was trained on
-measures memory, not acceptance: such a candidate is refused on that evaluation set. A drafter imported
-from outside carries no such record: the registry cannot know its training data.
+(`lineage/training_prompts.json`), with the content digest of the weights it produced and of the init it
+started from (drafter.fingerprint.tensor_digest), the produced digest also as a param nobody can change,
+and the file's sha256 beside it. A version's lineage is then every such run whose produced weights have
+the version's digest, and, through each run's init digest, everything before it: a fine-tune from a
+registry URI, a folder or a hub id, and weights re-saved or re-imported under another name, all lead back
+to the same runs. An evaluation on prompts the candidate (or an ancestor) was trained on measures memory,
+not acceptance: such a candidate is refused on that evaluation set. A drafter imported from outside
+carries no such record: the registry cannot know its training data.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 LINEAGE_FILE = "lineage/training_prompts.json"
+WEIGHTS_PARAM = "drafterops.weights"  # the content digest of the weights the run produced
+SHA_PARAM = "drafterops.lineage_sha256"  # the lineage file's sha256 as logged
 
 
-def log_training_prompts(dataset: Any) -> None:
-    """Into the active run (the one that registers the version): the dataset's prompt identities."""
+def log_training_prompts(dataset: Any, weights_digest: str = "", init_digest: str = "") -> None:
+    """Into the active run (the one that registers the version): the dataset's prompt identities, and the
+    content digests of the weights produced and of the init they started from."""
     import mlflow
 
     keys = list(dataset.index.get("meta", {}).get("prompt_keys", []))
-    mlflow.log_dict({"dataset_digest": dataset.digest, "prompt_keys": keys}, LINEAGE_FILE)
+    record = {"dataset_digest": dataset.digest, "prompt_keys": keys, "weights_digest": weights_digest,
+              "init_digest": init_digest}  # fmt: skip
+    text = json.dumps(record, indent=1)
+    mlflow.log_text(text, LINEAGE_FILE)
+    params = {SHA_PARAM: hashlib.sha256(text.encode()).hexdigest()}
+    if weights_digest:
+        params[WEIGHTS_PARAM] = weights_digest
+    mlflow.log_params(params)
 
 
-def training_prompt_keys(c: Any, mv: Any, depth: int = 32) -> set[str]:
-    """Prompt identities the version and its ancestors were fine-tuned on (empty when none is known).
-    The run is the version's own (`run_id`, set by MLflow when the version was created, not a tag)."""
+@dataclass
+class Lineage:
+    keys: set[str] = field(default_factory=set)  # prompt identities it and its ancestors were trained on
+    problems: list[str] = field(default_factory=list)  # lineage records that cannot be read as logged
+
+
+def training_prompt_keys(c: Any, mv: Any, depth: int = 32, folder: Path | None = None) -> set[str]:
+    """Prompt identities the version and its ancestors were fine-tuned on (empty when none is known)."""
+    return lineage(c, mv, depth, folder).keys
+
+
+def lineage(c: Any, mv: Any, depth: int = 32, folder: Path | None = None) -> Lineage:
+    """The version's lineage: by its own runs and `parent` chain, and by the content of its weights."""
     from mlflow.exceptions import MlflowException
 
     from common.errors import BadInput
     from registry import store
 
-    keys: set[str] = set()
+    out = Lineage()
     seen: set[tuple[str, str]] = set()
-    while mv is not None and depth > 0 and (mv.name, str(mv.version)) not in seen:
+    first, steps = mv, depth
+    while mv is not None and steps > 0 and (mv.name, str(mv.version)) not in seen:
         seen.add((mv.name, str(mv.version)))
-        depth -= 1
+        steps -= 1
         for run_id in {getattr(mv, "run_id", None), _source_run(mv)} - {None, ""}:
-            keys |= _keys_of_run(c, run_id)
+            out.keys |= _keys_of_run(c, run_id)
         parent = mv.tags.get("parent", "")
         try:
             mv = store.get_version(parent, c) if parent.startswith("models:/") else None
         except (MlflowException, BadInput):  # a parent deleted since: the chain ends there
             mv = None
-    return keys
+    if first is not None:
+        try:
+            folder = folder or store.version_folder(f"models:/{first.name}/{first.version}")[1]
+        except (MlflowException, BadInput):
+            return out
+        _by_content(c, folder, depth, out)
+    return out
+
+
+def _by_content(c: Any, folder: Path, depth: int, out: Lineage) -> None:
+    """Every run that produced these weights (by value), then every run that produced their init, and so on."""
+    from mlflow.entities import ViewType
+
+    from common.errors import BadInput
+    from drafter.fingerprint import tensor_digest
+    from registry.evidence import runs_with_param
+
+    try:
+        frontier = [tensor_digest(folder)]
+    except BadInput:
+        return
+    experiments = [e.experiment_id for e in c.search_experiments(view_type=ViewType.ALL)]
+    done: set[str] = set()
+    while frontier and len(done) < depth:
+        digest = frontier.pop()
+        if digest in done:
+            continue
+        done.add(digest)
+        for run in runs_with_param(c, experiments, WEIGHTS_PARAM, digest):
+            record = _lineage_record(c, run)
+            if record is None:
+                out.problems.append(f"the lineage record of run {run.info.run_id} is missing or was overwritten")
+                continue
+            out.keys |= set(record.get("prompt_keys", []))
+            if record.get("init_digest"):
+                frontier.append(str(record["init_digest"]))
+
+
+def _lineage_record(c: Any, run: Any) -> dict | None:
+    from mlflow.exceptions import MlflowException
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            raw = Path(c.download_artifacts(run.info.run_id, LINEAGE_FILE, tmp)).read_bytes()
+        except (MlflowException, OSError):
+            return None
+    if hashlib.sha256(raw).hexdigest() != run.data.params.get(SHA_PARAM):
+        return None
+    try:
+        record = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _source_run(mv: Any) -> str | None:

@@ -43,6 +43,7 @@ class Evidence:
     operating_points: tuple[tuple[int, float, float], ...] = ()
     basis: str = ""  # where the break-even comes from (measured by calibrate, or assumed)
     acc_pos: tuple[float, ...] = ()  # the deciding record's acceptance by draft position (for the depth to serve)
+    lineage_problems: tuple[str, ...] = ()  # lineage records that cannot be read as logged: training data unknown
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,8 @@ def decide(
             f"evaluated on {n} prompts it was trained on (class {c})" for c, n in candidate.contaminated.items()
         )
         d.reasons.append(Reason("not trained on its evaluation", False, spots))
+    if candidate.lineage_problems:
+        d.reasons.append(Reason("not trained on its evaluation", False, "; ".join(candidate.lineage_problems)))
     if not evaluated:
         return d
     L = candidate.accept_len

@@ -133,14 +133,16 @@ class Evaluation:
     dataset_digest: str = ""
     measured: Measurement | None = None
     by_class: Any = None
+    trained_on: list[str] = field(default_factory=list)  # measured prompts its lineage was trained on
 
 
 def run(args: argparse.Namespace) -> int:
     request = parse(args)
     folder, mv = resolve_model(args.model)
-    warn_contamination(mv, request.classes)
+    trained_on = warn_contamination(mv, request.classes)
     require_fit(folder, args.target, f"drafter {args.model} does not fit target {args.target}")
     evaluation = measure(request, folder, mv)
+    evaluation.trained_on = trained_on
     publish(request, evaluation)
     report(request, evaluation)
     return 0
@@ -492,10 +494,11 @@ def prompt_classes(args: argparse.Namespace, profile, limit: int) -> tuple[list[
     return out, (f"class:{name}" if name else evidence.WORKLOAD)
 
 
-def warn_contamination(mv, classes: list[MeasuredClass]) -> None:
-    """Say at once when the version (or a version it descends from) was trained on these prompts."""
+def warn_contamination(mv, classes: list[MeasuredClass]) -> list[str]:
+    """Say at once when the version (or a version it descends from) was trained on these prompts; returns
+    their keys, which the evidence record keeps (signed), so a lineage lost later is not forgotten."""
     if mv is None or not classes:
-        return
+        return []
     from registry import lineage, store
     from serving.workload import prompt_key
 
@@ -507,6 +510,7 @@ def warn_contamination(mv, classes: list[MeasuredClass]) -> None:
                 f"evaluate: warning: v{mv.version} was trained on {overlap} of these prompts (class {c.name}): "
                 "not evidence for any profile that pins them"
             )
+    return sorted({prompt_key(r) for c in classes for r in c.records} & trained)
 
 
 def evidence_record(request: Request, ev: Evaluation):
@@ -545,6 +549,7 @@ def evidence_record(request: Request, ev: Evaluation):
         endpoint=measured.endpoint,
         drafter_attested=measured.attested,
         acknowledged=unusable_runs(mv, profile),
+        trained_on=ev.trained_on,
     )
 
 

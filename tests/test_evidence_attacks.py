@@ -234,7 +234,8 @@ def candidate_store(small_main_job, tmp_path_factory):
 def test_the_candidate_cannot_choose_its_evaluation(candidate_store):
     """The real fine-tuned candidate evaluated on its own training prompts, on 20 copies of its easiest
     prompt and on the validation set: each refused with the reason; pinned to a set it was trained on:
-    refused as contaminated; on the profile's pinned workload: promoted (the positive control)."""
+    refused as contaminated, and so are its weights re-saved and imported under another name; on the
+    profile's pinned workload: promoted (the positive control)."""
     tmp, train = candidate_store
     c = _client(tmp)
     name = "k2.5-mini-eagle3"
@@ -269,6 +270,23 @@ def test_the_candidate_cannot_choose_its_evaluation(candidate_store):
     warned = evaluate("trained.yaml")
     assert "was trained on 80 of these prompts" in warned.stdout
     _refused(promote("trained.yaml"), "evaluated on 80 prompts it was trained on (class all)")
+    # laundered: its tensors re-saved with other metadata and imported as a model with no parent and no
+    # finetune run: the same weights by value, so the same lineage
+    from safetensors.torch import load_file, save_file
+
+    laundered = tmp / "laundered"
+    shutil.copytree(Path(c.get_model_version_download_uri(name, version).removeprefix("file://")), laundered)
+    for path in laundered.glob("*.safetensors"):
+        save_file(load_file(path), path, metadata={"format": "pt", "note": "nothing to see here"})
+    other = "laundered-eagle3"
+    for step, args in (("import_drafter", ["--source", str(laundered), "--name", other, "--target", str(target)]),
+                       ("shape_gate", ["--model", f"models:/{other}/1", "--target", str(target)]),
+                       ("evaluate", ["--model", f"models:/{other}/1", "--target", str(target), "--profile",
+                                     str(tmp / "trained.yaml"), "--no-progress"])):  # fmt: skip
+        res = run_step(step, args, tmp, here=True)
+        assert res.returncode == 0, res.stderr[-2000:]
+    res = run_step("promote", ["--model", f"models:/{other}/1", "--profile", str(tmp / "trained.yaml")], tmp, here=True)
+    _refused(res, "evaluated on 80 prompts it was trained on (class all)")
     evaluate("mix.yaml")
     ok = promote()
     assert ok.returncode == 0, ok.stdout[-3000:]

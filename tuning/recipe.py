@@ -86,7 +86,7 @@ class FinetuneRecipe:
     def _setup_init(self) -> None:
         """The init resolved (and downloaded) by rank 0 first, then by the others from its cache."""
         from drafter.train import ensure_distributed, is_rank0
-        from tuning.register import default_name, prepare_init
+        from tuning.register import default_name, init_digest, prepare_init
 
         if self.multi:
             import torch.distributed as dist
@@ -102,6 +102,7 @@ class FinetuneRecipe:
             dist.barrier()
         parent_name = self.parent.name if self.parent is not None else None
         self.name = self.request.name or parent_name or default_name(self.dataset)
+        self.init_digest = init_digest(self.request.init, self.parent)
 
     def _setup_study(self) -> None:
         """Rank 0 opens (or joins) the study and enqueues the baseline (or the fixed settings) as trial 0."""
@@ -193,6 +194,7 @@ class FinetuneRecipe:
                 dst_path=str(self.shared.checkpoints / "best"),
             )
         )
-        version = register_best(best_dir, self.name, self.parent, self.dataset, best, self.request.alias, run_id)
+        version = register_best(best_dir, self.name, self.parent, self.dataset, best, self.request.alias, run_id,
+                                self.init_digest)  # fmt: skip
         shutil.rmtree(best_dir.parent, ignore_errors=True)
         return version

@@ -45,6 +45,22 @@ def prepare_init(init: str, dataset: Any, arch: str):
     return model, model.config, mv
 
 
+def init_digest(init: str, parent: Any) -> str:
+    """The init's weights by value (drafter.fingerprint.tensor_digest; "" from scratch): whatever the init
+    was named by (registry URI, folder or hub id), lineage follows it to the runs that produced it."""
+    from drafter.fingerprint import tensor_digest
+
+    if init == "scratch":
+        return ""
+    if parent is not None:
+        from registry import store
+
+        return tensor_digest(store.download_version(f"models:/{parent.name}/{parent.version}").folder)
+    from registry.resolve import resolve_drafter
+
+    return tensor_digest(resolve_drafter(init).folder)
+
+
 def default_name(dataset: Any) -> str:
     from registry.naming import model_name_for
 
@@ -52,7 +68,14 @@ def default_name(dataset: Any) -> str:
 
 
 def register_best(
-    folder: Path, name: str, parent: Any, dataset: Any, trial: Any, alias: str | None, run_id: str
+    folder: Path,
+    name: str,
+    parent: Any,
+    dataset: Any,
+    trial: Any,
+    alias: str | None,
+    run_id: str,
+    init_digest: str = "",
 ) -> str:
     from registry import audit, store
 
@@ -64,7 +87,7 @@ def register_best(
             store.ensure_registered_model(c, name, target)
         same = store.find_complete_version(c, name, store.weights_sha256(hashes))
         if same is None:
-            return _register(c, folder, name, parent, dataset, trial, alias, run_id, hashes, target)
+            return _register(c, folder, name, parent, dataset, trial, alias, run_id, hashes, target, init_digest)
     # another worker of the same study registered this trial already: the alias still follows the
     # study's best, which is that version
     if alias and audit.current_alias_version(c, name, alias) != str(same.version):
@@ -83,6 +106,7 @@ def _register(
     run_id: str,
     hashes: dict[str, str],
     target: str,
+    init_digest: str = "",
 ) -> str:
     from registry import audit, naming, store
 
@@ -110,9 +134,10 @@ def _register(
         + "\n"
     )
     desc = upsert_section(desc, "contents", contents(hashes, read_header(folder)))
+    from drafter.fingerprint import tensor_digest
     from registry.lineage import log_training_prompts
 
-    log_training_prompts(dataset)
+    log_training_prompts(dataset, tensor_digest(folder), init_digest)
     mv = store.register_drafter(folder, name, tags, desc)
     if alias:
         audit.move_alias(c, name, alias, mv.version, f"best of finetune run {run_id} (trial {trial.number})")
