@@ -180,8 +180,7 @@ def run_step(
 ) -> None:
     """Parse, run, and exit with the contract's code; errors are one line on stderr, no traceback."""
     args = build().parse_args(argv)
-    _ASKED.clear()
-    _ASKED.update({k: v for k, v in vars(args).items() if isinstance(v, str)})
+    remember_asked(args)
     configure_mlflow()
     try:
         code = body(args) or 0
@@ -205,6 +204,12 @@ def run_step(
         print(f"{name}: internal error: {exc.__class__.__name__}: {what}{where}", file=sys.stderr)
         sys.exit(INTERNAL_ERROR)
     sys.exit(code)
+
+
+def remember_asked(args: argparse.Namespace) -> None:
+    """The arguments as given, for the params of the step run that follows."""
+    _ASKED.clear()
+    _ASKED.update({k: v for k, v in vars(args).items() if isinstance(v, str)})
 
 
 def _record_exit_code(code: int) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -336,3 +337,55 @@ def test_evidence_counts_on_the_profiles_target_whatever_the_models_tag_says(sto
     (tmp / "next.yaml").write_text((tmp / "lenient.yaml").read_text().replace(f"target: {target}", f"target: {other}"))
     res = _promote(tmp, "3", "next.yaml")
     assert res.returncode == 0, res.stdout[-2000:]
+
+
+def test_recertify_rechecks_production_when_the_target_moves_and_demotes_by_the_rule(small_main_job, tmp_path):
+    """The main job's candidate holds production on k2.5-mini. Nothing moved: re-certification says so. The
+    deployment moves to a target with k2.5-mini's shapes and other weights (the shape gate cannot tell them
+    apart): the holder is measured again and compared paired per prompt, kept while the rule holds, and
+    demoted (exit 1, the alias cleared by a signed sanction, every step audited) once it no longer does."""
+    from registry.sanction import holder
+    from serving.profile import load_profile
+    from tests.helpers.targets import same_shapes_other_weights
+
+    src, ran = small_main_job
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    shutil.copy(src / "mlflow.db", tmp_path / "mlflow.db")
+    c = _client(tmp_path)
+    name = "k2.5-mini-eagle3"
+    version = str(c.get_model_version_by_alias(name, "candidate").version)
+    kimi = load_profile("kimi-k2.5-8xrtxpro6000")
+    classes = "".join(
+        f"  - {{name: {k.name}, prompts: {k.prompts}, sha256: {k.sha256}, share: {k.share}}}\n" for k in kimi.workload
+    )
+    mini = Path(kimi.target)
+    other = same_shapes_other_weights(mini, tmp_path / "k2.5-mini-next")
+
+    def profile(file: str, target: Path, baseline_tps: float = 10) -> str:
+        head = f"name: mix\nbaseline_tps: {baseline_tps}\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\n"
+        (tmp_path / file).write_text(head + f"eval_max_new_tokens: 16\ntarget: {target}\nworkload:\n{classes}")
+        return str(tmp_path / file)
+
+    def step(name_: str, *args: str, code: int = 0):
+        res = run_step(name_, list(args), tmp_path, here=True)
+        assert res.returncode == code, res.stdout[-3000:] + res.stderr[-3000:]
+        return res
+
+    step("evaluate", "--model", f"models:/{name}/{version}", "--target", str(mini), "--profile",
+         profile("mix.yaml", mini), "--no-progress")  # fmt: skip
+    step("promote", "--model", f"models:/{name}/{version}", "--profile", str(tmp_path / "mix.yaml"))
+    same = step("recertify", "--model", name, "--profile", str(tmp_path / "mix.yaml"))
+    assert "its evidence still matches today's conditions" in same.stdout and "recertify: unchanged" in same.stdout
+    moved = step("recertify", "--model", name, "--profile", profile("next.yaml", other))
+    assert "measured on another target" in moved.stdout and "paired prompts" in moved.stdout, moved.stdout
+    assert "recertify: warn" in moved.stdout or "recertify: keep" in moved.stdout
+    after = float(re.search(r"accept_len [\d.]+ -> ([\d.]+)", moved.stdout)[1])
+    # the same move on a deployment whose break-even sits above what the holder now measures
+    demoted = step("recertify", "--model", name, "--profile", profile("strict.yaml", other, (after + 0.2) * 1000 / 30),
+                   code=1)  # fmt: skip
+    assert "the promotion rule no longer holds" in demoted.stdout and "recertify: demote" in demoted.stdout
+    assert "production" not in c.get_registered_model(name).aliases
+    assert holder(c, name, "production").version is None  # the chain says cleared: the guard keeps it so
+    audit = c.get_experiment_by_name("drafterops-audit").experiment_id
+    decisions = {r.data.tags["decision"] for r in c.search_runs([audit], filter_string="tags.decision LIKE 'recert%'")}
+    assert decisions >= {"recertify:production:unchanged", "recertify:production:demote"}, decisions

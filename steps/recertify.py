@@ -1,0 +1,174 @@
+"""`recertify`: production's evidence checked against today's conditions. When the deployment target, the
+engine version, the profile or its pinned workload moved since the holder was promoted, the holder is
+evaluated again on the new conditions, compared paired per prompt with its recorded evidence, and kept,
+kept with a warning, or demoted by the promotion rule (exit 1); every outcome is an audit line.
+
+    python -m steps.recertify --model k2.5-mini-eagle3 --profile kimi-k2.5-8xrtxpro6000
+    python -m steps.recertify --model k2.5-mini-eagle3 --profile host-vllm --engine vllm   # the served figure
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+from common.errors import BadInput
+from serving.profile import load_profile
+from steps._cli import log_params, parser, run_step, step_run
+from steps._inputs import number
+
+
+def build() -> argparse.ArgumentParser:
+    p = parser("recertify", __doc__)
+    p.add_argument("--model", default="k2.5-mini-eagle3", help="registered model name")
+    p.add_argument("--profile", default="kimi-k2.5-8xrtxpro6000")
+    p.add_argument("--stage", default="production", choices=["staging", "production"])
+    p.add_argument("--engine", default="in-process", choices=["in-process", "vllm", "sglang"])
+    p.add_argument("--tolerance", default="0.02", help="paired accept_len change kept without a new decision")
+    p.add_argument("--always", action="store_true", help="measure again even when no condition moved")
+    return p
+
+
+@dataclass
+class Request:
+    name: str
+    profile_arg: str  # as given: evaluate reads the same file
+    profile: Any
+    stage: str
+    engine: str
+    tolerance: float
+    always: bool
+
+
+@dataclass
+class Outcome:
+    version: str
+    action: str  # unchanged, keep, warn or demote
+    lines: list[str]
+    evidence_run: str = ""
+
+
+def run(args: argparse.Namespace) -> int:
+    from registry import store
+
+    request = parse(args)
+    c = store.client()
+    with step_run("recertify", run_name=f"recertify {request.name} {request.stage}"):
+        log_params({"model": request.name, "profile": request.profile.name, "stage": request.stage,
+                    "engine": request.engine, "tolerance": request.tolerance, "always": request.always})  # fmt: skip
+        outcome = measure(c, request)  # the evaluation, when one is needed, is a run nested under this one
+        publish(c, request, outcome)
+    print("\n".join([f"recertify {request.name} {request.stage} on {request.profile.name}:", *outcome.lines,
+                     f"recertify: {outcome.action}"]))  # fmt: skip
+    return 1 if outcome.action == "demote" else 0
+
+
+def parse(args: argparse.Namespace) -> Request:
+    from registry import naming
+    from steps.evaluate import require_evaluator_key
+    from steps.promote import require_promoter_key
+
+    naming.check_name(args.model, "--model")
+    profile = load_profile(args.profile)
+    tolerance = number(args.tolerance, "tolerance", 0, 1, "between 0 and 1 (relative)")
+    require_evaluator_key(profile)  # it measures
+    require_promoter_key()  # and may move the alias
+    return Request(args.model, args.profile, profile, args.stage, args.engine, tolerance, args.always)
+
+
+def measure(c: Any, r: Request) -> Outcome:
+    """The holder, what moved since its evidence, and (when something did) its evidence measured again."""
+    from registry import evidence, policy, sanction, store
+    from registry.deployment import check_target, deployment
+    from registry.recertify import compare, verdict
+
+    dep = deployment(r.profile)
+    check_target(dep)
+    held = sanction.holder(c, r.name, r.stage)
+    if held.version is None:
+        raise BadInput(f"{r.name}: no sanctioned version holds {r.stage}; nothing to re-certify")
+    mv = c.get_model_version(r.name, held.version)
+    recorded = recorded_evidence(c, held, r)
+    folder = store.version_folder(f"models:/{r.name}/{held.version}")[1]
+    moved = conditions_moved(recorded, r, dep, store.drafter_files(folder))
+    if not moved and not r.always:
+        return Outcome(held.version, "unchanged", [f"v{held.version}: its evidence still matches today's conditions"])
+    lines = [f"v{held.version}: " + ("; ".join(moved) if moved else "measured again (--always)")]
+    evaluate_again(r, mv, dep.target)
+    new = max(evidence.records_for(c, r.name, held.version, dep.trust).records, key=lambda rec: rec.created)
+    decision = policy.decide(evidence.recompute(c, mv, r.profile, dep), r.stage, dep.target or None)
+    said = verdict(compare(recorded, new, r.tolerance) if recorded else None, decision)
+    return Outcome(held.version, said.action, lines + said.lines, new.run_id)
+
+
+def recorded_evidence(c: Any, held: Any, r: Request) -> Any:
+    """The record the holder was promoted on (named by its signed sanction), or None when it cannot be read."""
+    from registry import evidence, sanction
+    from registry.deployment import trust_for
+
+    record = sanction.read(c, held.run_id) or {}
+    wanted = record.get("evidence_run")
+    found = evidence.records_for(c, r.name, held.version, trust_for(r.profile)).records
+    return next((rec for rec in found if rec.run_id == wanted), None)
+
+
+def conditions_moved(rec: Any, r: Request, dep: Any, files: dict[str, str]) -> list[str]:
+    """What differs between the recorded evidence's conditions and today's (empty: nothing moved)."""
+    from registry import evidence
+
+    if rec is None:
+        return ["the evidence it was promoted on cannot be read"]
+    moved = evidence.mismatches(rec, r.profile, dep.digest, files)
+    now = current_engine_version(r.engine)
+    if rec.engine != r.engine:
+        moved.append(f"promoted on {rec.engine}, re-certified on {r.engine}")
+    elif now != rec.engine_version:
+        moved.append(f"engine {rec.engine_version} then, {now} now")
+    return moved
+
+
+def current_engine_version(engine: str) -> str:
+    if engine == "in-process":
+        from engines.inprocess import in_process_version
+
+        return in_process_version()
+    from engines import environment
+
+    return environment.engine_version(environment.find_python(engine), engine)
+
+
+def evaluate_again(r: Request, mv: Any, target: str) -> None:
+    """The holder evaluated on today's conditions by `evaluate` itself (its own run and signed record)."""
+    from steps import _cli, evaluate
+
+    argv = ["--model", f"models:/{mv.name}/{mv.version}", "--target", target, "--profile", r.profile_arg,
+            "--engine", r.engine, "--no-progress"]  # fmt: skip
+    args = evaluate.build().parse_args(argv)
+    _cli.remember_asked(args)  # its run shows what it was asked, not what recertify was
+    evaluate.run(args)
+
+
+def publish(c: Any, r: Request, o: Outcome) -> None:
+    """The run and the audit line; a demotion clears the alias with a signed sanction, last."""
+    import mlflow
+
+    from registry import audit
+
+    mlflow.set_tag("mlflow.runName", f"recertify {r.name} {r.stage}: {o.action}")
+    mlflow.set_tags({"recertify.action": o.action, "recertify.version": o.version,
+                     "recertify.evidence_run": o.evidence_run})  # fmt: skip
+    mlflow.set_tag("mlflow.note.content", "\n\n".join(o.lines))
+    audit.record(c, r.name, o.version, f"recertify:{r.stage}:{o.action}", "\n".join(o.lines),
+                 summary=o.lines[-1], profile=r.profile.name, evidence_run=o.evidence_run)  # fmt: skip
+    if o.action == "demote":
+        audit.move_alias(c, r.name, r.stage, None, f"recertify: {o.lines[-1]}", by_promote=True,
+                         evidence_run=o.evidence_run, terms=f"{r.profile.name} {r.profile.digest[:16]}")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_step("recertify", build, run, argv)
+
+
+if __name__ == "__main__":
+    main()
