@@ -127,7 +127,7 @@ def move_alias(
 def record_once(c: Any, once: str, name: str, version: str, decision: str, reasons: str, **extra: str) -> bool:
     """An audit line written once for `once` (a param on the run, which nobody can change): a guard that
     reconciles every minute says a loss once, not every minute. False when it was already said."""
-    from registry.evidence import runs_with_param
+    from registry.runs import runs_with_param
 
     if runs_with_param(c, [_audit_experiment(c)], ONCE_PARAM, once):
         return False

@@ -21,11 +21,11 @@ SIGNED_FIELDS = (signing.ALGORITHM, signing.KEY_ID, signing.SIGNATURE)
 
 
 def trust_for(profile: Profile) -> Trust:
-    """The trust file's keys, with the profile's own `trusted_evaluators` in place of the file's when it names some."""
+    """The trust file's keys, narrowed to the profile's own `trusted_evaluators` when it names some."""
     trust = load_trust()
     if profile.trusted_evaluators:
         keys = parse_keys(profile.trusted_evaluators, f"profile {profile.name}: trusted_evaluators")
-        trust = trust.with_evaluators(keys, f"profile {profile.name}'s trusted_evaluators")
+        trust = trust.narrowed(keys, f"profile {profile.name}'s trusted_evaluators")
     return trust
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from registry import signing
 from registry.policy import Evidence
+from registry.runs import runs_with_param
 from registry.trust import EVALUATOR, load_trust
 from serving.cost import break_even_accept_len
 from serving.profile import Profile
@@ -288,30 +289,7 @@ class Found:
     """What the store holds for one version: readable records, and runs whose record is unusable."""
 
     records: list[EvidenceRecord]
-    unusable: list[tuple[str, float, str]]  # (run id, start time in s, why)
-
-
-def runs_with_param(c: Any, experiments: list[str], key: str, value: str) -> list[Any]:
-    """Every run (active or deleted, any state) of these experiments with param `key` = `value`, oldest
-    first, page by page: a param is set once and never changed, so nobody can hide a run from this."""
-    from mlflow.entities import ViewType
-
-    from registry.naming import quote_filter_value
-
-    runs, token = [], None
-    while True:
-        page = c.search_runs(
-            experiments,
-            filter_string=f"params.`{key}` = {quote_filter_value(value)}",
-            run_view_type=ViewType.ALL,
-            order_by=["attributes.start_time ASC"],
-            max_results=1000,
-            page_token=token,
-        )
-        runs += list(page)
-        token = page.token
-        if not token:
-            return runs
+    unusable: list[tuple[str, str, str]]  # (run id, the engine its run's params name, why)
 
 
 def records_for(c: Any, model: str, version: str, trust: Any = None) -> Found:
@@ -326,7 +304,7 @@ def records_for(c: Any, model: str, version: str, trust: Any = None) -> Found:
     runs = runs_with_param(c, experiments, TAG, f"{model}/{version}")
     found = Found([], [])
     for run in runs:
-        started = run.info.start_time / 1000
+        engine = run.data.params.get("engine", "")  # a param: what the run said it measured with, unchangeable
         with tempfile.TemporaryDirectory() as tmp:
             try:
                 path = c.download_artifacts(run.info.run_id, EVIDENCE_FILE, tmp)
@@ -340,9 +318,9 @@ def records_for(c: Any, model: str, version: str, trust: Any = None) -> Found:
                     )
                 found.records.append(read_record(raw.decode("utf-8", "replace"), run.info.run_id, trust))
             except Unusable as exc:
-                found.unusable.append((run.info.run_id, started, str(exc)))
+                found.unusable.append((run.info.run_id, engine, str(exc)))
             except (MlflowException, OSError):
-                found.unusable.append((run.info.run_id, started, "claims to be evidence but holds no record"))
+                found.unusable.append((run.info.run_id, engine, "claims to be evidence but holds no record"))
     return found
 
 
@@ -381,10 +359,14 @@ def recompute(c: Any, mv: Any, profile: Profile, dep: Any = None) -> Evidence:
         why = mismatches(rec, profile, dep.digest, files, pinned, (mv.name, str(mv.version)))
         (refused if why else matching).append((rec, why))
     standing = deciding([r for r, _ in matching], profile.eval_temperature == 0)
-    # an unusable run stands in the way until an evaluation on the pinned prompts made after it was found
-    # unusable acknowledges it (greedy and sampled alike): an overwrite after the fact blocks again
-    acknowledged = {run for rec, _ in matching for run in rec.acknowledged}
-    blocking = [(run, why) for run, _, why in found.unusable if run not in acknowledged]
+    # an unusable run stands in the way until an evaluation on the pinned prompts with the same engine, made
+    # after it was found unusable, acknowledges it (greedy and sampled alike): an overwrite after the fact
+    # blocks again, and one engine's evaluation never lifts another's lost record
+    acknowledged = {(rec.engine, run) for rec, _ in matching for run in rec.acknowledged}
+    blocking = [
+        (run, why) for run, engine, why in found.unusable
+        if not any(r == run and engine in ("", e) for e, r in acknowledged)
+    ]  # fmt: skip
     points = profile.serving_points()
     ops = tuple((p.concurrency, _share(profile, p), break_even_accept_len(p)) for p in points if p.concurrency)
     base = Evidence(str(mv.version), gate, dep.target or None, classes=(), min_share=profile.min_share,

@@ -54,7 +54,7 @@ def training_prompt_keys(c: Any, mv: Any, depth: int = 32, folder: Path | None =
     return lineage(c, mv, depth, folder).keys
 
 
-def lineage(c: Any, mv: Any, depth: int = 32, folder: Path | None = None) -> Lineage:
+def lineage(c: Any, mv: Any, depth: int = 256, folder: Path | None = None) -> Lineage:
     """The version's lineage: by its own runs and `parent` chain, and by the content of its weights."""
     from mlflow.exceptions import MlflowException
 
@@ -89,7 +89,7 @@ def _by_content(c: Any, folder: Path, depth: int, out: Lineage) -> None:
 
     from common.errors import BadInput
     from drafter.fingerprint import tensor_digest
-    from registry.evidence import runs_with_param
+    from registry.runs import runs_with_param
 
     try:
         frontier = [tensor_digest(folder)]
@@ -97,10 +97,13 @@ def _by_content(c: Any, folder: Path, depth: int, out: Lineage) -> None:
         return
     experiments = [e.experiment_id for e in c.search_experiments(view_type=ViewType.ALL)]
     done: set[str] = set()
-    while frontier and len(done) < depth:
-        digest = frontier.pop()
+    while frontier:  # breadth first: a made-up chain of inits cannot push a real ancestor past the limit
+        digest = frontier.pop(0)
         if digest in done:
             continue
+        if len(done) >= depth:
+            out.problems.append(f"the lineage goes past {depth} weights digests: not followed to its end")
+            return
         done.add(digest)
         for run in runs_with_param(c, experiments, WEIGHTS_PARAM, digest):
             record = _lineage_record(c, run)

@@ -71,4 +71,12 @@ def verdict(comparison: Comparison | None, decision: Any) -> Verdict:
     said = [comparison.sentence()] if comparison is not None else ["no recorded evidence to compare against"]
     if decision.allowed:
         return Verdict(WARN, [*said, "beyond tolerance, but the promotion rule still holds on the new evidence: kept"])
+    measured = [r for r in decision.reasons if not r.ok and r.rule not in NOT_MEASURED]
+    if not measured:  # a record or lineage nobody can read is a finding, never a reason to clear production
+        return Verdict(WARN, [*said, f"kept: the rule cannot be applied on what was measured ({decision.summary()})"])
     return Verdict(DEMOTE, [*said, f"the promotion rule no longer holds: {decision.summary()}"])
+
+
+# rules that fail on what the store holds (a blocking record, a lineage claim), not on what was measured:
+# anyone with store access can make them fail, so they never demote
+NOT_MEASURED = ("evaluated", "not trained on its evaluation")

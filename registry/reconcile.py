@@ -122,9 +122,16 @@ def _audit(c: Any, name: str, alias: str, current: str | None, held: sanction.Ho
 
 def reconcile(c: Any, why: str = "reconcile") -> list[str]:
     """Every registered model, every serving alias, every legacy stage."""
+    from registry.trust import load_trust
+
+    load_trust()  # bad input, before anything moves, where nothing can be verified
     actions = []
     for rm in c.search_registered_models(max_results=1000):
-        actions += reconcile_model(c, rm.name, why)
+        try:
+            actions += reconcile_model(c, rm.name, why)
+        except Exception as exc:  # one model that cannot be read leaves the others guarded
+            what = str(exc).splitlines()[0][:200] if str(exc) else ""
+            actions.append(f"{rm.name}: could not be reconciled ({exc.__class__.__name__}: {what})")
     return actions
 
 
@@ -134,9 +141,11 @@ def warn_if_disagreeing(c: Any, name: str, who: str) -> None:
 
     from mlflow.exceptions import MlflowException
 
+    from common.errors import BadInput
+
     try:
         lines = disagreements(c, name)
-    except MlflowException:
+    except (MlflowException, BadInput):  # nothing to verify sanctions with here: the guard's job, not this step's
         return
     if lines:
         print(

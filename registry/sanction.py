@@ -107,16 +107,27 @@ def holder(c: Any, name: str, alias: str, trust: Any = None) -> Holder:
         if int(mv.creation_timestamp or 0) != record.get("version_created"):
             deleted.append(str(version))  # the number was reused by another version
             continue
-        if record.get("files") != version_files(c, mv):
+        if record.get("files") != _files_or_none(c, mv):
             changed.append(str(version))  # what would be served is not what was decided on
             continue
         return Holder(str(version), run_id, tuple(deleted), tuple(changed), head, tuple(findings), bool(tampered))
     return Holder(None, None, tuple(deleted), tuple(changed), head, tuple(findings), bool(tampered))
 
 
+def _files_or_none(c: Any, mv: Any) -> dict[str, str] | None:
+    """The version's files as they are now; None when they cannot be read (a config.json that is no longer
+    JSON, say): such a version is not what was decided on."""
+    from common.errors import BadInput
+
+    try:
+        return version_files(c, mv)
+    except BadInput:
+        return None
+
+
 def _chain_links(c: Any, rm: Any, alias: str, trust: Any) -> tuple[dict, list[str], list[str]]:
     """Every valid sanction of this model and alias by digest (run id, record); what else claimed to be one."""
-    from registry import evidence
+    from registry.runs import runs_with_param
     from registry.trust import load_trust
 
     exp = c.get_experiment_by_name(naming.AUDIT_EXPERIMENT)
@@ -126,15 +137,16 @@ def _chain_links(c: Any, rm: Any, alias: str, trust: Any) -> tuple[dict, list[st
     trust = trust or load_trust()
     valid: dict[str, tuple[str, dict]] = {}
     findings, tampered, junk = [], [], 0
-    for run in evidence.runs_with_param(c, [exp.experiment_id], PARAM, param_value(rm.name, alias)):
+    for run in runs_with_param(c, [exp.experiment_id], PARAM, param_value(rm.name, alias)):
         logged = run.data.params.get(DIGEST_PARAM)
         if not logged:  # `audit.move_alias` logs it with every sanction: without it, a run made by hand
             junk += 1
             continue
         raw = read_bytes(c, run.info.run_id)
-        if raw is not None and logged and logged != hashlib.sha256(raw).hexdigest():
+        if raw is None or logged != hashlib.sha256(raw).hexdigest():  # deleted or overwritten: a link may be gone
             tampered.append(run.info.run_id)
-            findings.append(f"audit run {run.info.run_id}: its sanction.json was overwritten after it was written")
+            what = "is missing" if raw is None else "was overwritten after it was written"
+            findings.append(f"audit run {run.info.run_id}: its sanction.json {what}")
             continue
         record = _parse(raw)
         why = _refusal(record, identity, alias, trust)

@@ -7,10 +7,11 @@ The trust file (`DRAFTEROPS_TRUST_FILE`, else `$DRAFTEROPS_HOME/trust.yaml`) lis
     trusted_promoters:             # may sign sanctions (alias moves by `promote` and `recertify`)
       alice: ed25519:...
 
-A profile may name its own `trusted_evaluators`, which then replace the file's for evidence measured
-under it. With no trust file at all, the one key this process signs with is trusted for both roles (one
-person on one machine, as the mini world runs); a team writes the file, and one role's key never
-counts for the other.
+A profile may name its own `trusted_evaluators`, which narrow the file's for evidence measured under it
+(only keys both name count: a profile can never add a key). With no trust file at all, the one key this
+process signs with is trusted for both roles (one person on one machine, as the mini world runs; a
+process with neither a trust file nor a key verifies nothing, and says so). A team writes the file
+(refused when others can write it), and one role's key never counts for the other.
 """
 
 from __future__ import annotations
@@ -52,8 +53,10 @@ class Trust:
             return f"signed by {name}, a trusted {other} but not a trusted {role} ({self.origin})"
         return f"signed with a key no trust list names as {role} (key id {str(kid)[:16]}; {self.origin})"
 
-    def with_evaluators(self, evaluators: dict[str, bytes], origin: str) -> Trust:
-        return replace(self, evaluators=dict(evaluators), origin=f"{origin}; promoters from {self.origin}")
+    def narrowed(self, evaluators: dict[str, bytes], origin: str) -> Trust:
+        """Only the evaluators both lists name: a profile can narrow whom it trusts, never add a key."""
+        kept = {name: pub for name, pub in self.evaluators.items() if pub in evaluators.values()}
+        return replace(self, evaluators=kept, origin=f"{self.origin}, narrowed by {origin}")
 
 
 def trust_path() -> Path | None:
@@ -70,9 +73,17 @@ def load_trust() -> Trust:
     """The trust file's keys; with none, this process's own signing key for both roles."""
     path = trust_path()
     if path is None:
-        key = signing.load_key()
+        try:  # checking a signature never makes a key: a guard under another user would trust nothing
+            key = signing.load_key(create=False)
+        except BadInput:
+            raise BadInput(
+                f"no trust file ({TRUST_ENV} or {signing.home() / 'trust.yaml'}) and no signing key here: nothing "
+                "can be verified; write the team's trust file (docs/promotion.md#keys-and-trust)"
+            ) from None
         mine = {"this machine": key.public}
         return Trust(mine, dict(mine), f"no trust file: only this machine's key {key.id} is trusted")
+    if path.stat().st_mode & 0o022:
+        raise BadInput(f"{path}: a trust file others can write is refused; chmod go-w it")
     try:
         raw = yaml.safe_load(path.read_text())
     except (yaml.YAMLError, UnicodeDecodeError):

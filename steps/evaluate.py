@@ -140,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     request = parse(args)
     folder, mv = resolve_model(args.model)
     trained_on = warn_contamination(mv, request.classes)
+    warn_other_target(request)
     require_fit(folder, args.target, f"drafter {args.model} does not fit target {args.target}")
     evaluation = measure(request, folder, mv)
     evaluation.trained_on = trained_on
@@ -179,6 +180,23 @@ def parse(args: argparse.Namespace) -> Request:
         args, profile, deployment, deployment.binding(), k, temperature, max_new, limit, seed, data, classes, scope,
         engine, endpoint, served,
     )  # fmt: skip
+
+
+def warn_other_target(request: Request) -> None:
+    """Say at once when the target measured on is not the profile's deployment target: the record will then
+    count for no decision on this profile."""
+    from drafter.fingerprint import target_digest
+    from registry.deployment import deployment
+
+    if request.scope != evidence.WORKLOAD:
+        return
+    try:
+        dep = deployment(request.profile)
+        if dep.digest and target_digest(request.args.target) != dep.digest:
+            print(f"evaluate: warning: {request.args.target} is not {request.profile.name}'s deployment target "
+                  f"({dep.target}): this record will count for no decision on it")  # fmt: skip
+    except BadInput:
+        return  # promote says why, where it matters
 
 
 def require_evaluator_key(profile: Any) -> None:

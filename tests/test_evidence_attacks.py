@@ -311,6 +311,8 @@ def test_a_broken_record_of_the_incumbent_does_not_lift_not_worse_than_productio
     _evaluate(tmp, "1", "lenient.yaml", target=target)
     res = _promote(tmp, "1", stage="production")
     _refused(res, "| not worse than production | NO | production v2: evaluation run")
+    _evaluate(tmp, "2", "lenient.yaml", target=target)  # re-evaluated after the junk: it no longer stands in the way
+    assert "production v2: evaluation run" not in _promote(tmp, "1", stage="production").stdout
 
 
 if __name__ == "__main__":
@@ -329,7 +331,8 @@ def test_evidence_counts_on_the_profiles_target_whatever_the_models_tag_says(sto
     other = same_shapes_other_weights(target, tmp / "k25-tiny-next")
     assert target_digest(other) != target_digest(target)
     register_gated(tmp, target, (3,))  # v3: evaluated on nothing else, so only the record below can decide
-    _evaluate(tmp, "3", "lenient.yaml", target=other)
+    res = _evaluate(tmp, "3", "lenient.yaml", target=other)
+    assert "is not lenient's deployment target" in res.stdout
     _refused(_promote(tmp, "3"), "measured on another target")
     c.set_registered_model_tag(NAME, "target", str(other))  # informative only
     _refused(_promote(tmp, "3"), "measured on another target")
@@ -376,9 +379,18 @@ def test_recertify_rechecks_production_when_the_target_moves_and_demotes_by_the_
     step("promote", "--model", f"models:/{name}/{version}", "--profile", str(tmp_path / "mix.yaml"))
     same = step("recertify", "--model", name, "--profile", str(tmp_path / "mix.yaml"))
     assert "its evidence still matches today's conditions" in same.stdout and "recertify: unchanged" in same.stdout
+    # a junk lineage run planted on the holder's weights (anyone can log one): a finding, never a demotion
+    from drafter.fingerprint import tensor_digest
+    from registry.lineage import SHA_PARAM, WEIGHTS_PARAM
+
+    junk = c.create_run(c.get_experiment_by_name("Default").experiment_id)
+    folder = Path(c.get_model_version_download_uri(name, version).removeprefix("file://"))
+    c.log_param(junk.info.run_id, WEIGHTS_PARAM, tensor_digest(folder))
+    c.log_param(junk.info.run_id, SHA_PARAM, "0" * 64)
     moved = step("recertify", "--model", name, "--profile", profile("next.yaml", other))
     assert "measured on another target" in moved.stdout and "paired prompts" in moved.stdout, moved.stdout
-    assert "recertify: warn" in moved.stdout or "recertify: keep" in moved.stdout
+    assert "kept: the rule cannot be applied on what was measured" in moved.stdout and "lineage record" in moved.stdout
+    assert "recertify: warn" in moved.stdout and "production" in c.get_registered_model(name).aliases
     after = float(re.search(r"accept_len [\d.]+ -> ([\d.]+)", moved.stdout)[1])
     # the same move on a deployment whose break-even sits above what the holder now measures
     demoted = step("recertify", "--model", name, "--profile", profile("strict.yaml", other, (after + 0.2) * 1000 / 30),

@@ -320,9 +320,18 @@ def test_the_chain_holds_against_a_flood_an_edited_tag_an_overwrite_and_deletion
     assert holder(c, NAME, "production").uncertain
     done = reconcile(c)
     assert any("was overwritten" in a for a in done) and str(c.get_registered_model(NAME).aliases["production"]) == "3"
+    sanction_file = Path(c.get_run(head).info.artifact_uri.removeprefix("file://")) / SANCTION_FILE
+    sanction_file.unlink()  # deleted outright (the artifact store's DELETE): a link is gone, so nothing moves
+    assert holder(c, NAME, "production").uncertain and not any("back from" in a for a in reconcile(c))
     c.log_artifact(head, saved)  # put back as it was: the chain reads whole again
     assert hashlib.sha256(Path(saved).read_bytes()).hexdigest() == c.get_run(head).data.params[DIGEST_PARAM]
     assert any("back from v3 to v2" in a for a in reconcile(c))
+    # a guard with neither a trust file nor a key of its own verifies nothing: it says so, and moves nothing
+    from tests.helpers.steps import run_module, step_env
+
+    alone = run_module("steps.guard", ["--reconcile"], tmp, step_env(tmp, DRAFTEROPS_HOME=str(tmp / "nobody")))
+    assert alone.returncode == 2 and "no trust file" in alone.stderr, alone.stderr
+    assert str(c.get_registered_model(NAME).aliases["production"]) == "2"
     # every sanctioned version deleted: production is cleared and the loss audited, once
     c.delete_model_version(NAME, "2")
     if "1" in {str(v.version) for v in c.search_model_versions(f"name='{NAME}'")}:

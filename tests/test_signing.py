@@ -91,8 +91,16 @@ def test_roles_are_kept_apart_and_key_ids_come_from_public_keys(tmp_path, monkey
     assert "signed by alice, a trusted promoter but not a trusted evaluator" in signing.verify(by_alice, "evaluator", t)
     assert "no trust list names" in signing.verify(signing.sign({"kind": "evidence"}, mallory), "evaluator", t)
     assert "bad signature" in signing.verify({**record, "accept_len": 3.5}, trust.EVALUATOR, t)
+    narrowed = t.narrowed({"ci": ci.public, "mallory": mallory.public}, "a profile")  # adds nobody
+    assert set(narrowed.evaluators) == {"ci"} and "no trust list names" in signing.verify(
+        signing.sign({"kind": "evidence"}, mallory), trust.EVALUATOR, narrowed
+    )
     hmac_era = {"kind": "evidence", "key_id": ci.id, "signature": "ab" * 32}
     assert "shared HMAC key" in signing.verify(hmac_era, trust.EVALUATOR, t)
+    (tmp_path / "trust.yaml").chmod(0o666)
+    with pytest.raises(BadInput, match="a trust file others can write is refused"):
+        trust.load_trust()
+    (tmp_path / "trust.yaml").chmod(0o644)
     (tmp_path / "trust.yaml").write_text("trusted_evaluators:\n  ci: ed25519:AAAA\n")
     with pytest.raises(BadInput, match=r"trusted_evaluators.ci: an Ed25519 public key is 32 bytes"):
         trust.load_trust()
