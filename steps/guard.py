@@ -162,13 +162,13 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= interval <= 86400:
         raise BadInput(f"--interval must be between 1 and 86400 seconds, got {args.interval}")
     port, secret = _port(args.port), _secret()
-    from registry.trust import load_trust
-
-    load_trust()  # a guard that can verify no sanction would clear every serving alias: refused at start
     if args.install:
         hook = install(port, secret)
         print(f"guard: webhook {hook} on {tracking_uri()} -> http://127.0.0.1:{port}/")
         return 0
+    from registry.trust import load_trust
+
+    load_trust()  # a guard that can verify no sanction would clear every serving alias: refused at start
     try:
         server = ThreadingHTTPServer(("127.0.0.1", port), handler_for(secret))
     except OSError as exc:
