@@ -74,11 +74,7 @@ class Holder:
     changed: tuple[str, ...] = ()  # newer sanctioned versions whose files changed since their sanction
     head: str = ""  # the digest of the chain's head: what the next sanction names as previous
     findings: tuple[str, ...] = ()  # runs that claim a sanction and do not hold a valid one, forks
-    uncertain: bool = False  # a sanction in the chain was overwritten: nobody can say where the head is
-
-    @property
-    def ignored(self) -> int:
-        return len(self.findings)
+    uncertain: bool = False  # a sanction file was overwritten or deleted: nobody can say where the head is
 
 
 def holder(c: Any, name: str, alias: str, trust: Any = None) -> Holder:
