@@ -87,6 +87,17 @@ def deployment(profile: Profile) -> Deployment:
     return Deployment(target, digest, trust, calibrated, basis, refusal)
 
 
+def basis_of(profile: Profile) -> str:
+    """Where the profile's break-even comes from, as decisions say it: "measured by calibrate" only for a
+    calibration whose signature holds (when nothing here can check it, the profile's claim, said as one)."""
+    if not profile.calibrated:
+        return profile.basis()
+    try:
+        return deployment(profile).basis
+    except BadInput as exc:
+        return profile.basis() + f" (its signature not checked here: {exc})"
+
+
 def _calibration_refusal(profile: Profile, trust: Trust) -> str:
     """Why the profile's calibration does not hold ("" when it does)."""
     if not profile.signed:

@@ -402,9 +402,11 @@ def tag_version(request: Request, ev: Evaluation, run_id: str) -> None:
 
 def report(request: Request, ev: Evaluation) -> None:
     """The figures on the terminal, then the deployment's basis and the depth to serve at."""
+    from registry.deployment import basis_of
+
     print(summary(ev.name, request.binding.name, ev.metrics))
     if ev.measured is not None:
-        print(f"evaluate: {request.deployment.basis()}")
+        print(f"evaluate: {basis_of(request.deployment)}")
         for line in depth_sentences(request.deployment, ev.metrics["accept_len"], ev.measured.acc_pos, request.k):
             print(f"evaluate: recommended depth: {line}")
 

@@ -59,7 +59,9 @@ def render(profile: Profile, tps: list[float]) -> str:
     for r in plan_table(profile, tps):
         kcol = f"{r.acc_k_steps:.0%}" if r.acc_k_steps is not None else f"unreachable with {k} steps"
         lines.append(f"| {r.target_tps:g} | {r.required_accept_len:.2f} | {r.acc_unbounded:.0%} | {kcol} |")
-    lines += ["", profile.basis()]
+    from registry.deployment import basis_of
+
+    lines += ["", basis_of(profile)]
     if profile.operating_points:
         depths = sorted({d for op in profile.operating_points for d, _ in op.cycle_ms_measured} | {k})
         lines += ["", "| concurrency (share) | plain tok/s | " + " | ".join(f"break-even k={d}" for d in depths) + " |",
