@@ -83,7 +83,7 @@ def _one_line(reasons: dict[str, Any] | str, limit: int = 500) -> str:
 
 def move_alias(
     c: Any, name: str, alias: str, version: str | None, reason: str, by_promote: bool = False, evidence_run: str = "",
-    terms: str = "",
+    terms: str = "", head: str | None = None,
 ) -> str | None:  # fmt: skip
     """Point `alias` at `version` (None: clear it), mirror the legacy stage, mark the replaced version;
     returns it. Serving aliases move only when the promotion rule said yes (`by_promote`), and then with a
@@ -96,7 +96,7 @@ def move_alias(
         from registry import sanction
 
         mv = None if version is None else c.get_model_version(name, str(version))
-        head = sanction.holder(c, name, alias).head
+        head = sanction.holder(c, name, alias).head if head is None else head  # the caller's read, under its lock
         signed = sanction.payload(c, c.get_registered_model(name), mv, alias, evidence_run, reason, terms, head)
         files[sanction.SANCTION_FILE] = text = json.dumps(signed, indent=1)
         params = {sanction.PARAM: sanction.param_value(name, alias),

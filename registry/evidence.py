@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from registry import signing
 from registry.policy import Evidence
-from registry.runs import runs_with_param
+from registry.runs import artifact_bytes, runs_with_param
 from registry.trust import EVALUATOR, load_trust
 from serving.cost import break_even_accept_len
 from serving.profile import Profile
@@ -298,30 +296,31 @@ def records_for(c: Any, model: str, version: str, trust: Any = None) -> Found:
     or delete (a tag could be removed to hide an unfavourable record), page by page (none left out). A
     record whose bytes no longer match the sha256 its run logged as a param was overwritten: unusable."""
     from mlflow.entities import ViewType
-    from mlflow.exceptions import MlflowException
 
     experiments = [e.experiment_id for e in c.search_experiments(view_type=ViewType.ALL)]
-    runs = runs_with_param(c, experiments, TAG, f"{model}/{version}")
     found = Found([], [])
-    for run in runs:
+    for run in runs_with_param(c, experiments, TAG, f"{model}/{version}"):
         engine = run.data.params.get("engine", "")  # a param: what the run said it measured with, unchangeable
-        with tempfile.TemporaryDirectory() as tmp:
-            try:
-                path = c.download_artifacts(run.info.run_id, EVIDENCE_FILE, tmp)
-                raw = Path(path).read_bytes()
-                logged = run.data.params.get(DIGEST_PARAM)
-                if logged != hashlib.sha256(raw).hexdigest():
-                    raise Unusable(
-                        "its evidence.json was overwritten after the run logged it"
-                        if logged
-                        else "its run logged no evidence digest (not written by evaluate)"
-                    )
-                found.records.append(read_record(raw.decode("utf-8", "replace"), run.info.run_id, trust))
-            except Unusable as exc:
-                found.unusable.append((run.info.run_id, engine, str(exc)))
-            except (MlflowException, OSError):
-                found.unusable.append((run.info.run_id, engine, "claims to be evidence but holds no record"))
+        try:
+            found.records.append(_logged_record(c, run, trust))
+        except Unusable as exc:
+            found.unusable.append((run.info.run_id, engine, str(exc)))
     return found
+
+
+def _logged_record(c: Any, run: Any, trust: Any) -> EvidenceRecord:
+    """The run's record, when its bytes are those the run logged; Unusable says why not."""
+    raw = artifact_bytes(c, run.info.run_id, EVIDENCE_FILE)
+    if raw is None:
+        raise Unusable("claims to be evidence but holds no record")
+    logged = run.data.params.get(DIGEST_PARAM)
+    if logged != hashlib.sha256(raw).hexdigest():
+        raise Unusable(
+            "its evidence.json was overwritten after the run logged it"
+            if logged
+            else "its run logged no evidence digest (not written by evaluate)"
+        )
+    return read_record(raw.decode("utf-8", "replace"), run.info.run_id, trust)
 
 
 def deciding(matching: list[EvidenceRecord], greedy: bool) -> list[EvidenceRecord]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,17 +115,18 @@ def _by_content(c: Any, folder: Path, depth: int, out: Lineage) -> None:
 
 
 def _lineage_record(c: Any, run: Any) -> dict | None:
-    from mlflow.exceptions import MlflowException
+    """The run's lineage record when its bytes are those it logged (None: missing or overwritten)."""
+    from registry.runs import artifact_bytes
 
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            raw = Path(c.download_artifacts(run.info.run_id, LINEAGE_FILE, tmp)).read_bytes()
-        except (MlflowException, OSError):
-            return None
-    if hashlib.sha256(raw).hexdigest() != run.data.params.get(SHA_PARAM):
+    raw = artifact_bytes(c, run.info.run_id, LINEAGE_FILE)
+    if raw is None or hashlib.sha256(raw).hexdigest() != run.data.params.get(SHA_PARAM):
         return None
+    return _as_record(raw)
+
+
+def _as_record(raw: bytes | None) -> dict | None:
     try:
-        record = json.loads(raw)
+        record = json.loads(raw) if raw is not None else None
     except (ValueError, UnicodeDecodeError):
         return None
     return record if isinstance(record, dict) else None
@@ -138,14 +138,11 @@ def _source_run(mv: Any) -> str | None:
 
 
 def _keys_of_run(c: Any, run_id: str) -> set[str]:
-    from mlflow.exceptions import MlflowException
+    from registry.runs import artifact_bytes
 
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            path = c.download_artifacts(run_id, LINEAGE_FILE, tmp)
-            return set(json.loads(Path(path).read_text()).get("prompt_keys", []))
-        except (MlflowException, OSError, ValueError, AttributeError):
-            return set()
+    record = _as_record(artifact_bytes(c, run_id, LINEAGE_FILE)) or {}
+    keys = record.get("prompt_keys", [])
+    return set(keys) if isinstance(keys, list) else set()
 
 
 def overlap(trained: set[str], pinned: dict[str, list[str]]) -> dict[str, int]:

@@ -3,6 +3,8 @@ finds this way cannot be hidden by editing tags, and no search window leaves any
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any
 
 
@@ -27,3 +29,14 @@ def runs_with_param(c: Any, experiments: list[str], key: str, value: str) -> lis
         token = page.token
         if not token:
             return runs
+
+
+def artifact_bytes(c: Any, run_id: str, path: str) -> bytes | None:
+    """One artifact of a run, as stored (None: not there or not readable)."""
+    from mlflow.exceptions import MlflowException
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            return Path(c.download_artifacts(run_id, path, tmp)).read_bytes()
+        except (MlflowException, OSError):
+            return None

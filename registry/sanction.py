@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from registry import naming, signing
@@ -179,13 +177,9 @@ def _parse(raw: bytes | None) -> dict[str, Any] | None:
 
 def read_bytes(c: Any, run_id: str) -> bytes | None:
     """The sanction file an audit run holds, as stored (None: none readable)."""
-    from mlflow.exceptions import MlflowException
+    from registry.runs import artifact_bytes
 
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            return Path(c.download_artifacts(run_id, SANCTION_FILE, tmp)).read_bytes()
-        except (MlflowException, OSError):
-            return None
+    return artifact_bytes(c, run_id, SANCTION_FILE)
 
 
 def read(c: Any, run_id: str) -> dict[str, Any] | None:

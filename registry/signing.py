@@ -138,12 +138,10 @@ def write_private(path: Path, private: Any) -> bool:
     Staged under another name and linked into place: a process starting at the same moment sees no key
     or the whole key, and the first link wins."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    pem = private_pem(private)
     fd, staged = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "wb") as fh:  # mkstemp's file is 0600
-            fh.write(private_pem(private))
-            fh.flush()
-            os.fsync(fh.fileno())
+        _write_synced(fd, pem)  # mkstemp's file is 0600
         try:
             os.link(staged, path)
         except FileExistsError:
@@ -153,13 +151,18 @@ def write_private(path: Path, private: Any) -> bool:
                 out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             except FileExistsError:
                 return False
-            with os.fdopen(out, "wb") as fh:
-                fh.write(private_pem(private))
-                fh.flush()
-                os.fsync(fh.fileno())
+            _write_synced(out, pem)
     finally:
         os.unlink(staged)
     return True
+
+
+def _write_synced(fd: int, data: bytes) -> None:
+    """The key on disk before anyone can read it under its name (a crash leaves no empty key)."""
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def read_private(path: Path) -> Any:
@@ -186,14 +189,16 @@ def read_private(path: Path) -> Any:
 
 def canonical(payload: dict[str, Any]) -> bytes:
     """The bytes that are signed: everything but the signature, in one spelling."""
-    body = {k: v for k, v in payload.items() if k != SIGNATURE}
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+    return _spelled({k: v for k, v in payload.items() if k != SIGNATURE})
+
+
+def _spelled(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
 
 def digest(payload: dict[str, Any]) -> str:
     """sha256 of a signed record as signed (signature included): what a later record names it by."""
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return hashlib.sha256(_spelled(payload)).hexdigest()
 
 
 def sign(payload: dict[str, Any], key: Key | None = None) -> dict[str, Any]:

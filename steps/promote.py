@@ -31,6 +31,7 @@ class Judgement:
     decision: Any
     depth: str
     lines: list[str]
+    head: str  # the sanction chain's head, read once under the registry lock: the next sanction follows it
 
     @property
     def text(self) -> str:
@@ -97,7 +98,7 @@ def judge(c: Any, args: argparse.Namespace, profile: Any, margin: float) -> Judg
     if note:
         lines.append(f"\nnote: {note}")
     lines.append(f"\npromote: {decision.summary()}")
-    return Judgement(mv, candidate, decision, depth, lines)
+    return Judgement(mv, candidate, decision, depth, lines, held.head)
 
 
 def publish(c: Any, args: argparse.Namespace, profile: Any, margin: float, j: Judgement) -> None:
@@ -135,7 +136,7 @@ def publish(c: Any, args: argparse.Namespace, profile: Any, margin: float, j: Ju
         if decision.allowed:  # the alias moves last, after every check and record
             audit.move_alias(c, mv.name, args.stage, mv.version, decision.summary(), by_promote=True,
                              evidence_run=decision.evidence_run or "", terms=f"{profile.name} "
-                             f"{profile.digest[:16]}, margin {margin:g}")  # fmt: skip
+                             f"{profile.digest[:16]}, margin {margin:g}", head=j.head)  # fmt: skip
         describe.refresh_model_page(c, mv.name, f"v{mv.version} -> {args.stage}: {decision.summary()}")
 
 
