@@ -8,6 +8,11 @@ import resource
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# the drafters the benches train: the mini world's size, and a medium one (a 1 B-class drafter's shapes, scaled)
+MINI_DRAFTER = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=4, head_dim=32,
+                    vocab_size=4096, draft_vocab_size=1024, aux_layer_ids=[0, 1, 2])  # fmt: skip
+MEDIUM_DRAFTER = dict(hidden_size=1024, intermediate_size=2816, num_attention_heads=16, num_key_value_heads=4,
+                      head_dim=64, vocab_size=32000, draft_vocab_size=8192, aux_layer_ids=[0, 1, 2])  # fmt: skip
 
 
 def bytes_read() -> int:

@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench._common import write_results
+from bench._common import MEDIUM_DRAFTER, MINI_DRAFTER, write_results
 from bench.synthetic import write_random_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,36 +30,33 @@ cfg = DrafterConfig(**spec["drafter"])
 tc = TrainConfig(**spec["train"])
 ds_cfg = load_ds_config(tc.ds_config, tc, tc.max_steps)
 p = plan(cfg, stage=ds_cfg["zero_optimization"]["stage"], bf16=ds_cfg["bf16"]["enabled"], world=1,
-         micro_batch=tc.batch_size, max_len=tc.max_len, ttt_length=tc.ttt_length)
+         micro_batch=tc.batch_size, max_len=tc.max_len, ttt_length=tc.ttt_length, attention=spec["attention"])
 ds = HiddenStateDataset(sys.argv[1])
 model = scratch_drafter(cfg, ds, list(range(len(ds))))
+model.attention = spec["attention"]
 train(model, ds, tc, progress=False)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print(json.dumps({"plan": p.to_json(), "peak": peak}))
 """
 
+# (drafter, micro-batch, attention paths): the long medium run measures both paths side by side
 CONFIGS = {
-    "mini (hidden 128, Vd 1024), 8 x 256": (
-        dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=4, head_dim=32,
-             vocab_size=4096, draft_vocab_size=1024, aux_layer_ids=[0, 1, 2]),
-        dict(batch_size=8, max_len=256),
-    ),
-    "medium (hidden 1024, Vd 8192), 4 x 512": (
-        dict(hidden_size=1024, intermediate_size=2816, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
-             vocab_size=32000, draft_vocab_size=8192, aux_layer_ids=[0, 1, 2]),
-        dict(batch_size=4, max_len=512),
+    "mini (hidden 128, Vd 1024), 8 x 256": (MINI_DRAFTER, dict(batch_size=8, max_len=256), ("blockwise",)),
+    "medium (hidden 1024, Vd 8192), 4 x 512": (MEDIUM_DRAFTER, dict(batch_size=4, max_len=512), ("blockwise",)),
+    "medium (hidden 1024, Vd 8192), 1 x 2048": (
+        MEDIUM_DRAFTER, dict(batch_size=1, max_len=2048), ("blockwise", "eager"),
     ),
     "large (hidden 2048, Vd 16000), 2 x 1024": (
         dict(hidden_size=2048, intermediate_size=5632, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
              vocab_size=64000, draft_vocab_size=16000, aux_layer_ids=[0, 1, 2]),
-        dict(batch_size=2, max_len=1024),
+        dict(batch_size=2, max_len=1024), ("blockwise",),
     ),
 }  # fmt: skip
 
 
-def measure(folder: Path, drafter: dict, train: dict) -> dict:
-    spec = {"drafter": drafter, "train": {**train, "max_steps": 2, "ttt_length": 3, "val_every": 10**6,
-                                          "val_fraction": 0.0, "ds_config": "zero0"}}  # fmt: skip
+def measure(folder: Path, drafter: dict, train: dict, attention: str) -> dict:
+    run = {**train, "max_steps": 2, "ttt_length": 3, "val_every": 10**6, "val_fraction": 0.0, "ds_config": "zero0"}
+    spec = {"attention": attention, "drafter": drafter, "train": run}
     out = subprocess.run(
         [sys.executable, "-c", RUN, str(folder), json.dumps(spec)], capture_output=True, text=True, cwd=ROOT
     )
@@ -87,30 +84,47 @@ def k2_verdict() -> str:
     return " / ".join(lines)
 
 
+def k2_activations() -> str:
+    """The plan's activations for the real K2 drafter, one sample, TTT 7, bf16, eager against blockwise."""
+    from drafter.config import DrafterConfig
+    from drafter.memory_plan import GIB, activation_bytes
+
+    cfg = DrafterConfig.from_file(ROOT / "configs" / "reference" / "kimi-k2-eagle3.config.json")
+    parts = []
+    for t in (512, 2048, 4096):
+        eager, block = (activation_bytes(cfg, 1, t, 7, True, a) / GIB for a in ("eager", "blockwise"))
+        parts.append(f"{t} tokens {eager:.1f} -> {block:.1f} GiB")
+    return "; ".join(parts)
+
+
 def main() -> None:
     rows = []
+    gib = 1024**3
     with tempfile.TemporaryDirectory() as tmp_:
-        for label, (drafter, train) in CONFIGS.items():
+        for label, (drafter, train, paths) in CONFIGS.items():
             h, v, t = drafter["hidden_size"], drafter["vocab_size"], train["max_len"]
-            folder = Path(tmp_) / f"ds-{h}"
+            folder = Path(tmp_) / f"ds-{h}-{t}"
             write_random_dataset(folder, 2 * train["batch_size"], t=t, h=h, vocab=v, shard_tokens=4 * t)
-            r = measure(folder, drafter, train)
-            p, peak = r["plan"], r["peak"]
-            gib = 1024**3
-            rows.append(
-                {
-                    "config": label,
-                    "planned per rank": f"{p['per_rank'] / gib:.2f} GiB",
-                    "states / activations / runtime": f"{p['model_states'] / gib:.2f} / {p['activations'] / gib:.2f}"
-                    f" / {p['runtime'] / gib:.2f} GiB",
-                    "measured peak RSS": f"{peak / gib:.2f} GiB",
-                    "plan / measured": f"{p['per_rank'] / peak:.2f}",
-                }
-            )
+            for attention in paths:
+                r = measure(folder, drafter, train, attention)
+                p, peak = r["plan"], r["peak"]
+                rows.append(
+                    {
+                        "config": label,
+                        "attention": attention,
+                        "planned per rank": f"{p['per_rank'] / gib:.2f} GiB",
+                        "states / activations / runtime": f"{p['model_states'] / gib:.2f} / "
+                        f"{p['activations'] / gib:.2f} / {p['runtime'] / gib:.2f} GiB",
+                        "measured peak RSS": f"{peak / gib:.2f} GiB",
+                        "plan / measured": f"{p['per_rank'] / peak:.2f}",
+                    }
+                )
+                print(rows[-1], flush=True)
     notes = (
         "ZeRO-0 fp32, TTT 3, every position trained, two DeepSpeed steps after the plan in one fresh process "
-        "(python -m bench.memory_plan). The real K2 drafter (configs/reference, 1.19 B trained parameters, "
-        f"1 x 2048 tokens, TTT 7) on this host: {k2_verdict()}"
+        "(python -m bench.memory_plan). The real K2 drafter's activations in the plan (configs/reference, one "
+        f"sample, TTT 7, bf16, eager -> blockwise attention): {k2_activations()}. Its fit on this host "
+        f"(1 x 2048 tokens, TTT 7): {k2_verdict()}"
     )
     print(write_results("memory_plan", rows, notes).read_text())
 

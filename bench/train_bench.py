@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from bench._common import write_results
+from bench._common import MEDIUM_DRAFTER, MINI_DRAFTER, write_results
 from bench.synthetic import write_random_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,26 +70,8 @@ def main() -> None:
     peak = matmul_peak()
     rows = [{"what": "CPU fp32 matmul peak (2048^2 torch.mm)", "figure": f"{peak / 1e9:.1f} GFLOP/s", "detail": ""}]
     configs = {
-        "mini (hidden 128, Vd 1024)": dict(
-            hidden_size=128,
-            intermediate_size=256,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            head_dim=32,
-            vocab_size=4096,
-            draft_vocab_size=1024,
-            aux_layer_ids=[0, 1, 2],
-        ),
-        "medium (hidden 1024, Vd 8192)": dict(
-            hidden_size=1024,
-            intermediate_size=2816,
-            num_attention_heads=16,
-            num_key_value_heads=4,
-            head_dim=64,
-            vocab_size=32000,
-            draft_vocab_size=8192,
-            aux_layer_ids=[0, 1, 2],
-        ),
+        "mini (hidden 128, Vd 1024)": MINI_DRAFTER,
+        "medium (hidden 1024, Vd 8192)": MEDIUM_DRAFTER,
     }
     with tempfile.TemporaryDirectory() as tmp_:
         tmp = Path(tmp_)

@@ -63,6 +63,22 @@ def _int(raw: dict[str, Any], key: str, where: str) -> int:
     return value
 
 
+def _window(raw: dict[str, Any], where: str) -> int | None:
+    """The draft layer's sliding window, as vLLM's Llama layer reads it: `sliding_window` applies when
+    `layer_types` marks the layer "sliding_attention"; without `layer_types` it is not applied (and
+    rides along unread), as vLLM serves it."""
+    types = raw.get("layer_types")
+    if types is None:
+        return None
+    if not isinstance(types, list) or len(types) != 1 or types[0] not in ("full_attention", "sliding_attention"):
+        raise BadInput(
+            f"{where}: field 'layer_types' must be ['full_attention'] or ['sliding_attention'], got {types!r}"
+        )
+    if types[0] == "full_attention":
+        return None
+    return _int(raw, "sliding_window", where)
+
+
 @dataclass
 class DrafterConfig:
     """An EAGLE-3 drafter's config.json (SGLang/vLLM `LlamaForCausalLMEagle3`)."""
@@ -82,6 +98,7 @@ class DrafterConfig:
     eos_token_id: int | list[int] | None = None
     torch_dtype: str = "bfloat16"
     target_hidden_size: int | None = None
+    sliding_window: int | None = None  # the draft layer sees at most this many positions back (None: all)
     extra: dict[str, Any] = field(default_factory=dict)
     rope: RopeSpec | None = None  # None: default RoPE with rope_theta
 
@@ -149,6 +166,7 @@ class DrafterConfig:
                 raise BadInput(f"{where}: field '{CONVENTION_KEY}': {exc}") from None
         rope = rope_from_config(raw, where)
         return cls(
+            sliding_window=_window(raw, where),
             **ints,
             aux_layer_ids=list(layers),
             head_dim=head_dim,
@@ -200,7 +218,9 @@ class DrafterConfig:
         if self.target_hidden_size and self.target_hidden_size != self.hidden_size:
             out["target_hidden_size"] = self.target_hidden_size
         out.update(ENGINE_KEYS)
-        out.update(extra)
+        out.update(extra)  # layer_types and sliding_window, as read, ride here
+        if self.sliding_window is not None:  # vLLM's Llama layers read both (layer_types per draft layer)
+            out.update(sliding_window=self.sliding_window, layer_types=["sliding_attention"])
         return out
 
     def save(self, folder: str | Path) -> Path:

@@ -202,3 +202,15 @@ def encode_prompts(
         out.append(ids)
         cut += was_cut
     return out, cut
+
+
+def context_lengths(
+    target: str | Path, records: list[dict[str, Any]], max_new_tokens: int, k: int, outputs: list[list[int]]
+) -> list[int] | None:
+    """Each conversation's length as decoded: its prompt's tokens as every engine is sent them, plus the
+    reply's; None when the engine returned no reply per prompt (a user's endpoint without token ids)."""
+    if len(outputs) != len(records):
+        return None
+    tokenizer, context = target_tokenizer(target)
+    prompts, _ = encode_prompts(tokenizer, records, context, max_new_tokens, k)
+    return [len(p) + len(o) for p, o in zip(prompts, outputs, strict=True)]

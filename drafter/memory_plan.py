@@ -11,8 +11,10 @@ that it does not fit from a one-line refusal, not from a run that dies after an 
 - A plan fits when it does with a 15% margin: its error against measured peaks (bench/memory_plan).
 - Activations are counted from the TTT forward (drafter/model.py) at the worst case the settings
   allow: every sample as long as `max_len`, every position trained, each on its own row: per TTT step
-  the norms, projections, MLP and draft logits kept for backward, the attention probabilities per
-  row, the target's draft-vocabulary distribution, and the largest transients of the backward pass.
+  the norms, projections, MLP and draft logits kept for backward, the attention's outputs and
+  log-sum-exp (drafter/ttt_attention.py: no probability matrix is kept, so all of it grows linearly
+  with length), the target's draft-vocabulary distribution, and the largest transients of the
+  backward pass.
 - The runtime (interpreter, torch, DeepSpeed) is what this process holds when the plan is made, once
   a one-parameter backward and AdamW step has paged in what every run pays for, plus the arenas the
   C allocator keeps (64 MiB per compute thread).
@@ -50,8 +52,17 @@ def model_state_bytes(trained: int, frozen: int, stage: int, bf16: bool, world: 
     return int(per + share(weights * frozen, 3))
 
 
-def activation_bytes(cfg: DrafterConfig, rows: int, width: int, ttt: int, bf16: bool) -> int:
-    """Peak bytes of one micro-batch's forward kept for backward, plus the backward's transients."""
+def activation_bytes(
+    cfg: DrafterConfig, rows: int, width: int, ttt: int, bf16: bool, attention: str = "blockwise"
+) -> int:
+    """Peak bytes of one micro-batch's forward kept for backward, plus the backward's transients.
+
+    `attention="blockwise"` (drafter/ttt_attention.py) keeps per step and position only the query's
+    output, its log-sum-exp and the chain's own keys and values: every term is linear in `width`
+    except one query block's scores, which are bounded. `"eager"` keeps each step's whole probability
+    matrix, [heads, width, width + step] per row."""
+    from drafter.ttt_attention import BLOCK_ELEMENTS
+
     h, i, vd, ht = cfg.hidden_size, cfg.intermediate_size, cfg.draft_vocab_size, cfg.target_hidden
     heads = cfg.num_attention_heads
     q, kv = heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
@@ -59,13 +70,23 @@ def activation_bytes(cfg: DrafterConfig, rows: int, width: int, ttt: int, bf16: 
     n = rows * width
     batch = n * (4 * (3 * ht + h) + 3 * 8 + 3) + (n * 3 * ht * a if bf16 else 0)  # collated batch (+ cast)
     target = 2 * n * vd * f  # the target's draft-vocab logits and distribution
-    masks = rows * width * width + width * width  # allowed keys per row, causal
-    per_step_position = f * 7 * h + a * (5 * h + 2 * q + 2 * kv + 4 * i + vd) + f * vd
-    attention = rows * heads * width * width * (f + (a if bf16 else 0))  # probabilities (+ their cast)
-    per_step = n * per_step_position + attention
-    transients = 2 * n * vd * f + 2 * attention  # log-softmax and softmax backward
+    # per step and position: four norms keep their inputs and an fp32 reciprocal norm (drafter/lean_ops.py),
+    # projections their inputs and outputs, SwiGLU gate and up, the logits in both precisions
+    per_step_position = f * 4 + a * (7 * h + 2 * q + 2 * kv + 2 * i + vd) + f * vd
     head_rows = vd * h * f  # the target's lm_head rows of the draft vocabulary, the loss's teacher
-    return int(batch + target + masks + ttt * per_step + n * a * h + transients + head_rows)
+    logits_backward = 2 * n * vd * f  # log-softmax and softmax backward
+    if attention == "eager":
+        masks = rows * width * width + width * width  # allowed keys per row, causal
+        matrix = rows * heads * width * width * (f + (a if bf16 else 0))  # probabilities (+ their cast)
+        per_step = n * per_step_position + matrix
+        return int(batch + target + masks + ttt * per_step + n * a * h + logits_backward + 2 * matrix + head_rows)
+    # the chain's keys and values taken per step (on average (ttt - 1) / 2 of each) and the log-sum-exp
+    per_step = n * (per_step_position + a * q * (ttt - 1) + f * heads)
+    block = min(rows * heads * width * width, max(BLOCK_ELEMENTS, rows * heads * 16 * width))
+    block_transients = 6 * f * block  # scores, probabilities, their gradient, the mask, in one block
+    accumulators = n * f * q * (3 + ttt - 1)  # backward's fp32 gradients of queries, keys, values, the chain
+    transients = logits_backward + block_transients + accumulators
+    return int(batch + target + ttt * per_step + n * a * h + transients + head_rows)
 
 
 def allocator_bytes() -> int:
@@ -190,6 +211,7 @@ def plan(
     ranks_here: int = 1,
     runtime: int | None = None,
     limit_bytes: int | None = None,
+    attention: str = "blockwise",
 ) -> MemoryPlan:
     """The plan for these settings against the memory this process sees (or `limit_bytes`)."""
     trained, frozen = parameter_counts(cfg)
@@ -201,7 +223,7 @@ def plan(
         if global_batch % w:  # finetune refuses a global batch the ranks cannot split evenly
             continue
         rows = global_batch // w
-        acts = activation_bytes(cfg, rows, max_len, ttt_length, bf16)
+        acts = activation_bytes(cfg, rows, max_len, ttt_length, bf16, attention)
         for st in STAGES:
             need = model_state_bytes(trained, frozen, st, bf16, w) + acts + runtime
             if need * (1 + MARGIN) <= available and (w, st) != (world, stage) and hint is None:
@@ -211,6 +233,6 @@ def plan(
         stage=stage, bf16=bf16, world=world, ranks_here=ranks_here, micro_batch=micro_batch, max_len=max_len,
         ttt_length=ttt_length, trained_params=trained, frozen_params=frozen,
         model_states=model_state_bytes(trained, frozen, stage, bf16, world),
-        activations=activation_bytes(cfg, micro_batch, max_len, ttt_length, bf16),
+        activations=activation_bytes(cfg, micro_batch, max_len, ttt_length, bf16, attention),
         runtime=runtime, available=available, where=where, hint=hint,
     )  # fmt: skip

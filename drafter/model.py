@@ -20,8 +20,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from drafter.config import DrafterConfig
+from drafter.lean_ops import rms_norm, swiglu
 from drafter.loss import shifted
 from drafter.rope import RopeSpec
+from drafter.ttt_attention import KeyRule, blockwise_ttt_attention
+
+ATTENTION = ("blockwise", "eager")  # blockwise: memory linear in length (drafter/ttt_attention.py)
 
 
 class RMSNorm(nn.Module):
@@ -33,10 +37,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return rms_norm(x, self.weight, self.eps)  # keeps x and one fp32 number per position for backward
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -96,7 +97,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))  # keeps gate and up for backward
 
 
 class MidLayer(nn.Module):
@@ -180,6 +181,13 @@ def _put(full: torch.Tensor, part: torch.Tensor, rows: Rows, dim: int) -> torch.
     return full.scatter(dim, index, part)
 
 
+def _chain(full: list[torch.Tensor], rows: Rows, q: torch.Tensor) -> torch.Tensor:
+    """The earlier steps' keys (or values) at this step's positions, [B, h, M, J, d] (J may be 0)."""
+    if not full:
+        return q.new_zeros(*q.shape[:3], 0, q.shape[-1])
+    return torch.stack([_take(x, rows, dim=2) for x in full], dim=3)
+
+
 @dataclass
 class DraftCache:
     """Step-0 keys/values of the positions the drafter has seen, for decoding (batch of one)."""
@@ -213,6 +221,7 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
         self.rotary = Rotary(cfg.head_dim, cfg.rope, cfg.max_position_embeddings)
         self.has_embedding = False  # True once embed_tokens holds the target's embedding
+        self.attention = "blockwise"  # "eager": the reference, the whole probability matrix per step
 
     # ------------------------------------------------------------------ helpers
     def init_weights(self, seed: int = 0, std: float = 0.02) -> None:
@@ -271,10 +280,12 @@ class Eagle3Drafter(nn.Module):
         device = input_ids.device
         pos = torch.arange(t, device=device)[None].expand(b, t) if position_ids is None else position_ids
         key_ok = torch.ones(b, t, dtype=torch.bool, device=device) if attention_mask is None else attention_mask.bool()
-        causal = torch.tril(torch.ones(t, t, dtype=torch.bool, device=device))
-        allowed0 = causal[None] & key_ok[:, None, :]  # [B, Tq, Tk]
-        if segment_ids is not None:
-            allowed0 = allowed0 & (segment_ids[:, :, None] == segment_ids[:, None, :])
+        allowed0 = None
+        if self.attention == "eager":  # the whole [B, Tq, Tk] mask: the reference path only
+            causal = torch.tril(torch.ones(t, t, dtype=torch.bool, device=device))
+            allowed0 = causal[None] & key_ok[:, None, :]
+            if segment_ids is not None:
+                allowed0 = allowed0 & (segment_ids[:, :, None] == segment_ids[:, None, :])
         scored, needed = _step_positions(pred_mask, ttt_length, b, t, device, segment_ids)
         attn = self.midlayer.self_attn
         scale = 1.0 / math.sqrt(attn.head_dim)
@@ -299,13 +310,13 @@ class Eagle3Drafter(nn.Module):
                 q, k, v = attn.qkv(x, cos, sin)
                 diag_k.append(_put(torch.zeros_like(keys0), attn.expand_kv(k), rows, dim=2))
                 diag_v.append(_put(torch.zeros_like(values0), attn.expand_kv(v), rows, dim=2))
-            scores = torch.matmul(q, keys0.transpose(-1, -2)) * scale  # [B, h, M, T]
-            scores = scores.masked_fill(~_take(allowed0, rows, dim=1)[:, None], torch.finfo(scores.dtype).min)
-            diag = [(q * _take(dk, rows, dim=2)).sum(-1, keepdim=True) * scale for dk in diag_k]  # [B, h, M, 1]
-            probs = torch.softmax(torch.cat([scores, *diag], dim=-1), dim=-1, dtype=torch.float32).to(q.dtype)
-            out = torch.matmul(probs[..., :t], values0)
-            for i, dv in enumerate(diag_v):
-                out = out + probs[..., t + i : t + i + 1] * _take(dv, rows, dim=2)
+            if self.attention == "eager":
+                out = self._eager_attention(q, keys0, values0, diag_k, diag_v, rows, allowed0, j, scale)
+            else:
+                at = torch.arange(rows, device=device)[None].expand(b, rows) if isinstance(rows, int) else rows
+                rule = KeyRule(at, key_ok, segment_ids, self.config.sliding_window, offset=j)
+                chain_k, chain_v = (_chain(d, rows, q) for d in (diag_k, diag_v))
+                out = blockwise_ttt_attention(q, keys0, values0, chain_k, chain_v, rule, scale)
             out = out.transpose(1, 2).reshape(b, _count(rows), -1)
             hidden = _put(hidden, self.midlayer.finish(out, _take(hidden, rows, dim=1)), rows, dim=1)
             if scored[j] is None:
@@ -318,6 +329,23 @@ class Eagle3Drafter(nn.Module):
                 else:
                     outs.append(_put(logits.new_zeros(b, t, logits.shape[-1]), logits, at, dim=1))
         return outs
+
+    def _eager_attention(self, q, keys0, values0, diag_k, diag_v, rows, allowed0, j, scale) -> torch.Tensor:  # noqa: ANN001
+        """The reference path: every step's whole probability matrix [B, h, M, T + j], kept for backward."""
+        t = keys0.shape[2]
+        allowed = _take(allowed0, rows, dim=1)
+        window = self.config.sliding_window
+        if window is not None:  # the query of step j at position t stands at t + j
+            qpos = torch.arange(rows, device=q.device) if isinstance(rows, int) else rows
+            allowed = allowed & ((qpos[..., :, None] + j - torch.arange(t, device=q.device)) < window)
+        scores = torch.matmul(q, keys0.transpose(-1, -2)) * scale  # [B, h, M, T]
+        scores = scores.masked_fill(~allowed[:, None], torch.finfo(scores.dtype).min)
+        diag = [(q * _take(dk, rows, dim=2)).sum(-1, keepdim=True) * scale for dk in diag_k]  # [B, h, M, 1]
+        probs = torch.softmax(torch.cat([scores, *diag], dim=-1), dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.matmul(probs[..., :t], values0)
+        for i, dv in enumerate(diag_v):
+            out = out + probs[..., t + i : t + i + 1] * _take(dv, rows, dim=2)
+        return out
 
     def _each_row(self, input_ids, aux_hidden, attention_mask, ttt_length, noise_std, pred_mask, position_ids,
                   segment_ids) -> list[torch.Tensor]:  # fmt: skip
@@ -372,6 +400,8 @@ class Eagle3Drafter(nn.Module):
         n_new, n_keys = q.shape[2], keys.shape[2]
         # causal over everything before, including the new block itself
         mask = torch.ones(n_new, n_keys, dtype=torch.bool, device=q.device).tril(n_keys - n_new)
+        if self.config.sliding_window is not None:  # key i sits at position i: the cache, then the chain
+            mask = mask & (positions[:, None] - torch.arange(n_keys, device=q.device) < self.config.sliding_window)
         out = F.scaled_dot_product_attention(
             q, attn.expand_kv(keys), attn.expand_kv(values), attn_mask=mask[None, None]
         )

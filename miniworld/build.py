@@ -519,6 +519,68 @@ def build_workload(cfg: BuildConfig, out: Path, n: int = WORKLOAD_PROMPTS) -> di
     return record
 
 
+LONG_PROMPTS = 16
+LONG_TOKENS = (512, 896)  # prompt lengths: with a 64-token reply each conversation lies in the 512-2k bucket
+
+
+def long_sources() -> list[Path]:
+    """Standard-library package modules (stdlib/<package>/*.py): never in the targets' corpus (top-level
+    modules and the docs), long enough to hold a long prompt, in a fixed order."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in stdlib.glob("*/*.py") if "test" not in p.parts[-2] and not p.name.startswith("_"))
+    return [p for p in files if p.stat().st_size > 12_000]
+
+
+def long_conversations(model, tok, cfg: BuildConfig, n: int, rng: random.Random) -> list[dict]:
+    """n conversations of 512-896 prompt tokens, each cut from another long module, with k2.5-mini's
+    own greedy reply (as every other prompt set is answered)."""
+    files = long_sources()
+    rng.shuffle(files)
+    users = []
+    for path in files:
+        ids = tok(path.read_text(errors="replace"), add_special_tokens=False)["input_ids"]
+        length = rng.randint(*LONG_TOKENS)
+        if len(ids) <= length:
+            continue
+        start = rng.randrange(0, len(ids) - length)
+        users.append("Continue:\n" + tok.decode(ids[start : start + length]))
+        if len(users) == n:
+            break
+    if len(users) < n:
+        raise SystemExit(f"only {len(users)} standard-library modules hold a long prompt; {n} wanted")
+    records = []
+    tok.padding_side = "left"
+    for user in tqdm(users, desc="long replies", unit="prompt"):
+        text = tok.apply_chat_template([{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True)
+        enc = tok(text, return_tensors="pt", add_special_tokens=False)
+        stop = tok.convert_tokens_to_ids("<|im_end|>")
+        row = model.generate(**enc, max_new_tokens=cfg.reply_tokens, do_sample=False, eos_token_id=stop,
+                             pad_token_id=tok.pad_token_id)  # fmt: skip
+        reply = tok.decode(row[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        records.append({"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]})
+    return records
+
+
+def build_long(cfg: BuildConfig, out: Path, n: int = LONG_PROMPTS) -> dict:
+    """The deployment's long-context traffic class, workload-long.jsonl: prompts of 512-896 tokens from
+    standard-library package modules no target or drafter was trained on, so that acceptance by context
+    length has conversations past 512 tokens to measure."""
+    t0 = time.perf_counter()
+    record, tok, model = over_full_build(cfg, out, "long")
+    path = out / "prompts" / "workload-long.jsonl"
+    with torch.no_grad():
+        write_jsonl(path, long_conversations(model, tok, cfg, n, random.Random(cfg.seed + 4)))
+    record.setdefault("workload", {}).setdefault("classes", {})["long"] = {
+        "prompts": n,
+        "prompt_tokens": list(LONG_TOKENS),
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "seconds": time.perf_counter() - t0,
+    }
+    record["artifacts"]["prompts"] = sha256_tree(out / "prompts")
+    (out / "build_record.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
 def build(cfg: BuildConfig, out: Path, stage: str = "all") -> dict:
     """stage 'all' builds everything; 'drafter' rebuilds aq-mini-eagle3 over an earlier full build."""
     record_path = out / "build_record.json"
@@ -567,10 +629,10 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="a few steps of everything (smoke test, not for use)")
     p.add_argument(
         "--stage",
-        choices=["all", "drafter", "pool", "workload"],
+        choices=["all", "drafter", "pool", "workload", "long"],
         default="all",
         help="'drafter': retrain aq-mini-eagle3 only; 'pool': write the K2.5 conversation pool; 'workload': write the "
-        "traffic classes of the deployment profile; each over an "
+        "traffic classes of the deployment profile; 'long': its long-context class; each over an "
         "earlier full build in --out",
     )
     args = p.parse_args()
@@ -593,6 +655,9 @@ def main() -> None:
         return
     if args.stage == "workload":
         print(json.dumps(build_workload(cfg, Path(args.out))["workload"], indent=2))
+        return
+    if args.stage == "long":
+        print(json.dumps(build_long(cfg, Path(args.out))["workload"]["classes"]["long"], indent=2))
         return
     record = build(cfg, Path(args.out), args.stage)
     print(json.dumps(record["figures"], indent=2))

@@ -28,7 +28,7 @@ from registry.runs import artifact_bytes, runs_with_param
 from registry.trust import EVALUATOR, load_trust
 from serving.cost import break_even_accept_len
 from serving.profile import Profile
-from serving.workload import class_figures, mix_accept_len, mix_ci
+from serving.workload import class_figures, context_figures, mix_accept_len, mix_ci
 
 EVIDENCE_FILE = "evidence.json"
 TAG = "drafterops.evidence"  # on the evaluate run: "<model>/<version>"
@@ -47,6 +47,7 @@ class ClassCounts:
     prompts_sha256: str  # of the file the prompts were read from
     prompt_keys: list[str]
     per_prompt: list[tuple[int, int]]
+    contexts: list[int] = field(default_factory=list)  # tokens of prompt plus reply, per prompt ([]: not recorded)
 
 
 @dataclass
@@ -83,6 +84,14 @@ class EvidenceRecord:
     @property
     def per_prompt(self) -> list[tuple[int, int]]:
         return [p for c in self.classes for p in c.per_prompt]
+
+    @property
+    def contexts(self) -> list[int] | None:
+        """Each prompt's context length (prompt plus reply), in per_prompt's order; None when a class
+        was measured without them (a record from before they were recorded)."""
+        if any(len(c.contexts) != len(c.per_prompt) for c in self.classes):
+            return None
+        return [n for c in self.classes for n in c.contexts]
 
     @property
     def num_prompts(self) -> int:
@@ -193,6 +202,9 @@ def sanity(rec: EvidenceRecord) -> list[str]:
                 )
     if rec.acc_pos and (len(rec.acc_pos) != k or not all(0 <= a <= 1 for a in rec.acc_pos)):
         why.append(f"acceptance by position {rec.acc_pos} at {k} draft steps")
+    for c in rec.classes:
+        if c.contexts and (len(c.contexts) != len(c.per_prompt) or any(n < 1 for n in c.contexts)):
+            why.append(f"class {c.name}: context lengths do not match its {len(c.per_prompt)} prompts")
     if not rec.classes or abs(sum(c.share for c in rec.classes) - 1) > 1e-6:
         why.append("class shares do not sum to 1")
     return why
@@ -370,7 +382,8 @@ def recompute(c: Any, mv: Any, profile: Profile, dep: Any = None) -> Evidence:
     ops = tuple((p.concurrency, _share(profile, p), break_even_accept_len(p)) for p in points if p.concurrency)
     base = Evidence(str(mv.version), gate, dep.target or None, classes=(), min_share=profile.min_share,
                     class_floor=profile.class_floor, contaminated=contaminated, operating_points=ops,
-                    basis=dep.basis, lineage_problems=tuple(known.problems))  # fmt: skip
+                    basis=dep.basis, lineage_problems=tuple(known.problems),
+                    context_floors=profile.context_floors)  # fmt: skip
     if dep.refusal:
         return _with(base, note=dep.refusal)
     if blocking:
@@ -401,8 +414,10 @@ def recompute(c: Any, mv: Any, profile: Profile, dep: Any = None) -> Evidence:
     )
     if len(standing) > 1:
         note += f"; the least favourable of {len(standing)} standing evaluations"
+    contexts = rec.contexts
+    by_context = tuple(context_figures(rec.per_prompt, contexts, be)) if contexts is not None else None
     return _with(base, accept_len=rec.accept_len, ci_low=lo, break_even=be, run_id=rec.run_id, note=note,
-                 classes=tuple(classes), acc_pos=tuple(rec.acc_pos))  # fmt: skip
+                 classes=tuple(classes), acc_pos=tuple(rec.acc_pos), contexts=by_context)  # fmt: skip
 
 
 def _share(profile: Profile, view: Profile) -> float:

@@ -44,6 +44,8 @@ class Evidence:
     basis: str = ""  # where the break-even comes from (measured by calibrate, or assumed)
     acc_pos: tuple[float, ...] = ()  # the deciding record's acceptance by draft position (for the depth to serve)
     lineage_problems: tuple[str, ...] = ()  # lineage records that cannot be read as logged: training data unknown
+    contexts: tuple[ClassFigure, ...] | None = None  # per context bucket (None: measured without lengths)
+    context_floors: tuple[tuple[str, float], ...] = ()  # the profile's floors per context bucket
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,7 @@ def decide(
     if stage == "staging":
         return d
     _class_floor(d, candidate)
+    _context_floors(d, candidate)
     if incumbent is None or incumbent.version == candidate.version:
         d.reasons.append(
             Reason(
@@ -205,6 +208,31 @@ def _class_floor(d: Decision, ev: Evidence) -> None:
             f"{ev.class_floor:g}x" + ("" if held else f"; under min_share {ev.min_share:g} even together"),
         )
     )
+
+
+def _context_floors(d: Decision, ev: Evidence) -> None:
+    """Each context bucket the profile sets a floor for must be measured and project at least that floor: a
+    drafter that fails on long conversations does not pass on short ones. A bucket no pinned prompt reaches,
+    or a record without context lengths, cannot show it does."""
+    for name, floor in ev.context_floors:
+        rule = f"context {name}"
+        if ev.contexts is None:
+            why = "the evaluation recorded no context lengths (made before they were recorded): evaluate again"
+            d.reasons.append(Reason(rule, False, f"context {name}: {why}"))
+            continue
+        fig = next((c for c in ev.contexts if c.name == name), None)
+        if fig is None:
+            why = f"no pinned prompt reaches this length, so its floor {floor:g}x cannot be checked: pin some that do"
+            d.reasons.append(Reason(rule, False, f"context {name}: {why}"))
+            continue
+        d.reasons.append(
+            Reason(
+                rule,
+                fig.speedup >= floor,
+                f"context {name} ({fig.prompts} prompts): accept_len {fig.accept_len:.3f} [{fig.ci_low:.3f}, "
+                f"{fig.ci_high:.3f}] projects {fig.speedup:.2f}x plain decoding, floor {floor:g}x",
+            )
+        )
 
 
 def small_classes_speedup(classes: list[ClassFigure] | tuple[ClassFigure, ...]) -> float:

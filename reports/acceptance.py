@@ -90,6 +90,36 @@ def class_bars_figure(
     ax.axhline(break_even, color="black", linestyle="--", label=f"break-even {break_even:.2f}")
     if floor != 1.0:
         ax.axhline(floor * break_even, color="tab:red", linestyle=":", label=f"class floor {floor:g}x")
+    return _finish_bars(fig, ax, k, title)
+
+
+def context_bars_figure(
+    rows: list[tuple[str, int, float, float, float]],
+    break_even: float,
+    floors: dict[str, float],
+    k: int,
+    title: str,
+):
+    """accept_len per context bucket (prompt plus reply tokens) with 95% intervals against break-even and
+    each bucket's floor where the profile sets one: red below its floor, green otherwise."""
+    plt = pyplot()
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    labels = [f"{name} tokens\n{n} prompts" for name, n, *_ in rows]
+    colors = ["tab:red" if floors.get(name, 0.0) * break_even > L else "tab:green" for name, _, L, *_ in rows]
+    means = [r[2] for r in rows]
+    err = [[r[2] - r[3] for r in rows], [r[4] - r[2] for r in rows]]
+    ax.bar(labels, means, yerr=err, color=colors, capsize=8)
+    ax.axhline(break_even, color="black", linestyle="--", label=f"break-even {break_even:.2f}")
+    for i, (name, *_rest) in enumerate(rows):
+        if name in floors:
+            ax.hlines(floors[name] * break_even, i - 0.4, i + 0.4, color="tab:red", linestyle=":",
+                      label=f"floor {floors[name]:g}x" if i == 0 else None)  # fmt: skip
+    return _finish_bars(fig, ax, k, title)
+
+
+def _finish_bars(fig, ax, k: int, title: str):
+    """The ceiling, axes, title and legend every accept_len bar chart shares."""
     ax.axhline(k + 1, color="grey", linestyle=":", label=f"ceiling k+1 = {k + 1}")
     ax.set_ylim(0, k + 1.6)
     ax.set_ylabel("accept_len (tokens per verify cycle)")

@@ -127,3 +127,29 @@ def class_positions(classes: list[MeasuredClass], accepted: list[list[int]], k: 
     for c, part in by_class(classes, accepted):
         out.update({f"class_{c.name}_acc_pos_{i}": a for i, a in enumerate(acceptance_by_position(part, k))})
     return out
+
+
+def context_metrics(buckets, profile) -> dict[str, float]:
+    """accept_len per context bucket (prompt plus reply tokens), with its interval and prompt count."""
+    out: dict[str, float] = {}
+    for c in buckets:
+        out.update({
+            f"ctx_{c.name}_accept_len": c.accept_len,
+            f"ctx_{c.name}_accept_len_ci_low": c.ci_low,
+            f"ctx_{c.name}_accept_len_ci_high": c.ci_high,
+            f"ctx_{c.name}_prompts": float(c.prompts),
+            f"ctx_{c.name}_projected_speedup": c.speedup,
+        })  # fmt: skip
+    return out
+
+
+def contexts_figure(buckets, profile, title: str):
+    from reports.acceptance import context_bars_figure
+
+    return context_bars_figure(
+        [(c.name, c.prompts, c.accept_len, c.ci_low, c.ci_high) for c in buckets],
+        break_even_accept_len(profile),
+        dict(profile.context_floors),
+        profile.draft_steps,
+        title,
+    )

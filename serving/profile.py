@@ -15,7 +15,7 @@ import yaml
 from common.errors import BadInput
 from common.paths import PROFILE_DIR
 from serving.cycle_model import OperatingPoint, parse_operating_points, primary
-from serving.workload import TrafficClass, parse_workload
+from serving.workload import TrafficClass, context_buckets, parse_workload
 
 DEFAULT_MIN_PROMPTS = 20
 # numeric fields with their defaults (None: required); whole numbers are integers
@@ -68,6 +68,8 @@ class Profile:
     target: str = ""
     trusted_evaluators: dict = field(default_factory=dict, compare=False)  # name -> "ed25519:..." (registry.trust)
     signed: dict = field(default_factory=dict, compare=False)  # calibrate's signature over values and measured
+    # context bucket (serving.workload.context_buckets) -> the projected speed-up its conversations must reach
+    context_floors: tuple[tuple[str, float], ...] = field(default=())
 
     @property
     def cycle_ms(self) -> float:
@@ -115,11 +117,14 @@ class Profile:
             "target",
             "trusted_evaluators",
             "signed",
+            "context_floors",
         }
         out: dict[str, object] = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
         out["workload"] = [c.identity() for c in self.workload]
         if self.operating_points:
             out["operating_points"] = [op.identity() for op in self.operating_points]
+        if self.context_floors:  # left out when empty: a profile without them keeps its digest
+            out["context_floors"] = dict(self.context_floors)
         if self.concurrency is not None:
             out["concurrency"] = self.concurrency
             out["cycle_points"] = [list(p) for p in self.cycle_points]
@@ -171,6 +176,7 @@ def load_profile(name_or_path: str, profile_dir: Path = PROFILE_DIR) -> Profile:
         "target",
         "trusted_evaluators",
         "signed",
+        "context_floors",
     }
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -194,6 +200,7 @@ def load_profile(name_or_path: str, profile_dir: Path = PROFILE_DIR) -> Profile:
     values["operating_points"] = parse_operating_points(raw.get("operating_points"), path)
     values["measured"] = _measured(raw.get("measured"), values, path)
     values["target"] = _target(raw.get("target"), path)
+    values["context_floors"] = _context_floors(raw.get("context_floors"), path)
     for key in ("trusted_evaluators", "signed"):
         if not isinstance(raw.get(key) or {}, dict):
             raise BadInput(f"{path}: {key} must be a mapping")
@@ -201,6 +208,24 @@ def load_profile(name_or_path: str, profile_dir: Path = PROFILE_DIR) -> Profile:
     if values["operating_points"]:
         values["cycle_points"] = primary(values["operating_points"]).cycle_ms_measured
     return Profile(**values)
+
+
+def _context_floors(raw: object, path: Path) -> tuple[tuple[str, float], ...]:
+    """{bucket: floor}: the conversations of that length must project at least `floor` times plain
+    decoding, as a class floor holds a traffic class."""
+    if raw is None:
+        return ()
+    known = context_buckets()
+    if not isinstance(raw, dict) or not raw:
+        raise BadInput(f"{path}: context_floors must map context buckets ({', '.join(known)}) to floors")
+    out = []
+    for name, floor in raw.items():
+        if name not in known:
+            raise BadInput(f"{path}: context_floors: unknown bucket {name!r} (buckets: {', '.join(known)})")
+        if isinstance(floor, bool) or not isinstance(floor, int | float) or not math.isfinite(floor) or floor <= 0:
+            raise BadInput(f"{path}: context_floors.{name} must be a number > 0, got {floor!r}")
+        out.append((name, float(floor)))
+    return tuple(sorted(out, key=lambda item: known.index(item[0])))
 
 
 def _target(raw: object, path: Path) -> str:

@@ -206,6 +206,43 @@ def acceptance_by_position(accepted: list[list[int]], k: int) -> list[float]:
     return out
 
 
+# ------------------------------------------------------------------------------- context length
+CONTEXT_EDGES = (512, 2048, 8192)  # tokens of prompt plus reply: <512, 512-2k, 2k-8k, >=8k
+
+
+def _tokens(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def context_buckets(edges: tuple[int, ...] = CONTEXT_EDGES) -> list[str]:
+    """The buckets' names, as metric names and profiles spell them: lt512, 512-2k, 2k-8k, ge8k."""
+    inner = [f"{_tokens(a)}-{_tokens(b)}" for a, b in zip(edges, edges[1:], strict=False)]
+    return [f"lt{_tokens(edges[0])}", *inner, f"ge{_tokens(edges[-1])}"]
+
+
+def context_bucket(tokens: int, edges: tuple[int, ...] = CONTEXT_EDGES) -> str:
+    """The bucket of a conversation of `tokens` tokens (its prompt plus the reply decoded)."""
+    names = context_buckets(edges)
+    return names[sum(tokens >= e for e in edges)]
+
+
+def context_figures(per_prompt: list[tuple[int, int]], contexts: list[int], break_even: float) -> list[ClassFigure]:
+    """accept_len per context bucket, pooled over the prompts whose conversation falls in it (every
+    class together: acceptance falls with length whatever the traffic); `share` is the bucket's share of
+    the prompts. Buckets no prompt reaches are left out."""
+    if len(contexts) != len(per_prompt):
+        raise ValueError(f"{len(contexts)} context lengths for {len(per_prompt)} prompts")
+    groups: dict[str, list[tuple[int, int]]] = {}
+    for counts, n in zip(per_prompt, contexts, strict=True):
+        groups.setdefault(context_bucket(n), []).append(counts)
+    total = max(1, len(per_prompt))
+    return [
+        ClassFigure.of(name, len(groups[name]) / total, groups[name], break_even)
+        for name in context_buckets()
+        if name in groups
+    ]
+
+
 def bootstrap_ci(per_prompt: list[tuple[int, int]], iters: int = 2000, seed: int = 0) -> tuple[float, float]:
     """95% interval of the pooled accept_len, resampling prompts (cycles within a prompt are not
     independent): the traffic mix's interval with one class, so every figure uses one method."""

@@ -20,11 +20,14 @@ from reports.workload import (
     class_positions,
     class_table,
     classes_figure,
+    context_metrics,
+    contexts_figure,
     figure_metrics,
     workload_figures,
 )
 from serving.cost import break_even_accept_len
 from serving.profile import BOUNDS, Profile, load_profile
+from serving.workload import context_figures
 from steps._cli import log_figure, log_params, none_if_empty, parser, run_step, step_run
 from steps._inputs import MAX_CONCURRENCY, MAX_ROUNDS, integer, number, require_fit, resolve_model
 
@@ -133,6 +136,8 @@ class Evaluation:
     dataset_digest: str = ""
     measured: Measurement | None = None
     by_class: Any = None
+    contexts: list[int] | None = None  # each prompt's tokens, prompt plus reply (None: not known)
+    by_context: list = field(default_factory=list)  # accept_len per context bucket
     trained_on: list[str] = field(default_factory=list)  # measured prompts its lineage was trained on
 
 
@@ -282,6 +287,12 @@ def measure_classes(request: Request, out: Evaluation) -> None:
     m, measured, k = out.metrics, out.measured, request.k
     out.by_class = workload_figures(request.classes, measured.per_prompt, request.binding)
     m.update(figure_metrics(*out.by_class, request.binding))
+    from drafter.evaluation import context_lengths
+
+    out.contexts = context_lengths(request.args.target, request.records, request.max_new, k, measured.outputs)
+    if out.contexts is not None:
+        out.by_context = context_figures(measured.per_prompt, out.contexts, m["break_even_accept_len"])
+        m.update(context_metrics(out.by_context, request.binding))
     if measured.accepted is not None and len(request.classes) > 1:
         m.update(class_positions(request.classes, measured.accepted, k))  # the decoding trace has them per class
     m.update(operating_metrics(request.deployment, m["accept_len"], measured.acc_pos, k))
@@ -373,6 +384,11 @@ def log_figures(request: Request, ev: Evaluation) -> None:
                 classes_figure(*ev.by_class, profile, f"{ev.name} on {profile.name}{where}"), "accept_len_by_class.png"
             )
             mlflow.log_table(class_table(*ev.by_class, profile), artifact_file="classes.json")
+        if ev.by_context:
+            log_figure(
+                contexts_figure(ev.by_context, profile, f"{ev.name}: accept_len by context length{where}"),
+                "accept_len_by_context.png",
+            )
     elif ev.offline_acc is not None:
         log_figure(
             acceptance_figure(None, ev.offline_acc, f"{ev.name}: offline acceptance"), "acceptance_by_position.png"
@@ -542,8 +558,10 @@ def evidence_record(request: Request, ev: Evaluation):
 
     measured, mv, profile = ev.measured, ev.mv, request.profile
     counts = [
-        ClassCounts(c.name, c.share, c.sha256, [prompt_key(r) for r in c.records], per)
-        for c, per in by_class(request.classes, measured.per_prompt)
+        ClassCounts(c.name, c.share, c.sha256, [prompt_key(r) for r in c.records], per, list(lengths))
+        for (c, per), (_, lengths) in zip(
+            by_class(request.classes, measured.per_prompt), by_class(request.classes, ev.contexts or []), strict=True
+        )
     ]
     return EvidenceRecord(
         model=mv.name if mv is not None else "",

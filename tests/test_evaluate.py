@@ -107,6 +107,13 @@ def test_evaluate_logs_metrics_plots_and_tags(tiny_targets, registered):
     for cls in ("code", "docs", "repl"):  # one prompt of each class: measured per class, not evidence
         assert f"class_{cls}_accept_len" in m
     assert "accept_len_by_class.png" in {a.path for a in c.list_artifacts(run.info.run_id)}
+    # acceptance by context length: three short conversations, each prompt's tokens plus its reply's
+    assert m["ctx_lt512_prompts"] == 3 and "ctx_512-2k_prompts" not in m
+    assert m["ctx_lt512_accept_len"] == pytest.approx(m["accept_len"], abs=0.05)
+    assert "accept_len_by_context.png" in {a.path for a in c.list_artifacts(run.info.run_id)}
+    record = json.loads(Path(c.download_artifacts(run.info.run_id, "evidence.json", str(tmp / "ev"))).read_text())
+    contexts = [n for cls in record["classes"] for n in cls["contexts"]]
+    assert len(contexts) == 3 and all(12 < n < 512 for n in contexts)
 
 
 @pytest.mark.parametrize(

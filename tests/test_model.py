@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from drafter.loss import (
@@ -50,9 +51,11 @@ def test_padding_is_never_attended():
     assert torch.allclose(a[1][:, :8], b[1][:, :8], atol=1e-5)
 
 
-def test_decoding_path_matches_the_ttt_training_forward():
-    """What is trained is what is served: propose()'s draft distributions equal the TTT steps'."""
-    model = tiny_drafter(seed=3)
+@pytest.mark.parametrize("window", [None, 5])
+def test_decoding_path_matches_the_ttt_training_forward(window):
+    """What is trained is what is served: propose()'s draft distributions equal the TTT steps', with
+    and without a sliding window."""
+    model = tiny_drafter(seed=3, sliding_window=window)
     cfg = model.config
     ids, aux, _, _ = _batch(model, b=1, t=12, seed=5)
     n, k = 7, 4

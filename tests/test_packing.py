@@ -90,3 +90,52 @@ def test_first_fit_decreasing_never_overfills_and_keeps_every_sample():
     assert sorted(i for r in rows for i in r) == list(range(len(lengths)))
     assert all(sum(lengths[i] for i in r) <= 30 for r in rows)
     assert len(rows) == 5  # 30 | 30 | 22+8 | 17+13 | 2+1
+
+
+def _under(model, batch, head_rows, ttt: int, attention: str, bf16: bool):
+    model.attention = attention
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        return _loss_and_grads(model, batch, head_rows, ttt)
+
+
+# the largest relative differences seen (bench-free: tests/test_packing.py prints none): fp32 ~4e-7,
+# bf16 ~1e-2 of a tensor's largest gradient (bf16 keeps 8 bits of mantissa: 2^-7 = 7.8e-3 per rounding)
+TOLERANCE = {False: 1e-5, True: 3e-2}
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+@pytest.mark.parametrize("window", [None, 7])
+def test_blockwise_attention_gives_the_eager_loss_and_gradients(bf16, layout, window, monkeypatch):
+    """The linear-memory path (query blocks merged by log-sum-exp, scores recomputed in backward) is
+    the eager path's arithmetic: the same loss, the same gradient for every parameter, on padded and
+    packed batches, with and without a sliding window. Blocks of 16 queries force many blocks."""
+    import drafter.ttt_attention as ttt_attention
+
+    monkeypatch.setattr(ttt_attention, "BLOCK_ELEMENTS", 1)  # the smallest blocks: 16 queries each
+    model = tiny_drafter(seed=5, sliding_window=window)
+    samples = _samples(model, lengths=[40, 9, 17, 6, 12, 25], prompts=[10, 3, 8, 2, 12, 5])
+    head_rows = torch.randn(model.config.vocab_size, model.config.hidden_size)[model.t2d]
+    batch = collate(samples) if layout == "padded" else collate_packed(samples)
+    eager = _under(model, batch, head_rows, 4, "eager", bf16)
+    blockwise = _under(model, batch, head_rows, 4, "blockwise", bf16)
+    tol = TOLERANCE[bf16]
+    assert abs(eager[0].item() - blockwise[0].item()) <= tol * abs(eager[0].item())
+    assert eager[1].keys() == blockwise[1].keys()
+    for name, g in eager[1].items():
+        worst = (g - blockwise[1][name]).abs().max() / g.abs().max().clamp_min(1e-12)
+        assert worst <= tol, (name, float(worst))
+
+
+def test_a_window_hides_what_lies_beyond_it():
+    """With a sliding window of w, a position's step-0 output does not change when a token more than
+    w - 1 positions back changes, and does when one inside the window changes."""
+    model = tiny_drafter(seed=2, sliding_window=4)
+    s = _samples(model, lengths=[20], prompts=[0])[0]
+    ids, aux = s.input_ids[None], s.aux_hidden[None]
+    far, near = aux.clone(), aux.clone()
+    far[0, 5] += 3.0  # 15 - 5 >= 4: outside position 15's window
+    near[0, 13] += 3.0
+    base = model(ids, aux, ttt_length=1)[0][0, 15]
+    assert torch.allclose(model(ids, far, ttt_length=1)[0][0, 15], base, atol=1e-6)
+    assert not torch.allclose(model(ids, near, ttt_length=1)[0][0, 15], base, atol=1e-6)

@@ -10,7 +10,15 @@ from common.errors import BadInput
 from registry.policy import Evidence, decide
 from serving.cost import expected_accept_len
 from serving.profile import load_profile
-from serving.workload import ClassFigure, mix_accept_len, mix_ci, prompt_key
+from serving.workload import (
+    ClassFigure,
+    context_bucket,
+    context_buckets,
+    context_figures,
+    mix_accept_len,
+    mix_ci,
+    prompt_key,
+)
 
 
 def synthetic_class(rng, p: float, k: int, n: int) -> list[tuple[int, int]]:
@@ -167,3 +175,74 @@ def test_the_mini_world_workload_is_held_out_and_pinned():
         assert len(c.keys()) == len(set(c.keys())) >= 20
         shared = [u for u in mine if shingles([u]) & others]
         assert not shared, f"class {c.name}: {len(shared)} prompts share text with other sets"
+
+
+def test_context_buckets_are_named_as_metrics_and_profiles_spell_them():
+    assert context_buckets() == ["lt512", "512-2k", "2k-8k", "ge8k"]
+    assert [context_bucket(n) for n in (1, 511, 512, 2047, 2048, 8191, 8192, 10**6)] == [
+        "lt512", "lt512", "512-2k", "512-2k", "2k-8k", "2k-8k", "ge8k", "ge8k"
+    ]  # fmt: skip
+
+
+def test_acceptance_by_context_pools_each_buckets_prompts():
+    """Long conversations that accept less are seen as such, whatever class they came from; buckets no
+    prompt reaches are left out."""
+    per = [(30, 10), (28, 10), (12, 10), (11, 10)]
+    figs = context_figures(per, [100, 300, 900, 1500], break_even=2.0)
+    assert [f.name for f in figs] == ["lt512", "512-2k"]
+    assert figs[0].accept_len == pytest.approx(2.9) and figs[1].accept_len == pytest.approx(1.15)
+    assert figs[1].prompts == 2 and figs[1].share == pytest.approx(0.5) and figs[1].speedup == pytest.approx(0.575)
+    with pytest.raises(ValueError, match="3 context lengths for 4 prompts"):
+        context_figures(per, [1, 2, 3], 2.0)
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("context_floors: {gt9k: 1.0}\n", "unknown bucket 'gt9k'"),
+        ("context_floors: {512-2k: 0}\n", "context_floors.512-2k must be a number > 0"),
+        ("context_floors: [1]\n", "context_floors must map context buckets"),
+    ],
+)
+def test_context_floors_are_checked_naming_the_file(tmp_path, body, message):
+    path = _profile(tmp_path, "")
+    path.write_text(path.read_text() + body)
+    with pytest.raises(BadInput, match=message) as err:
+        load_profile(str(path))
+    assert str(tmp_path) in str(err.value)
+
+
+def test_a_profile_without_context_floors_keeps_its_digest(tmp_path):
+    path = _profile(tmp_path, "")
+    before = load_profile(str(path))
+    assert "context_floors" not in before.values()
+    path.write_text(path.read_text() + "context_floors: {512-2k: 1.1}\n")
+    after = load_profile(str(path))
+    assert after.context_floors == (("512-2k", 1.1),) and after.digest != before.digest
+
+
+def _with_contexts(contexts, floors):
+    from dataclasses import replace
+
+    return replace(ev([cls("all", 1.0, 3.2)]), contexts=contexts, context_floors=floors)
+
+
+def test_a_drafter_that_fails_long_conversations_does_not_pass_on_short_ones():
+    """The mix beats break-even, but the 512-2k bucket the profile floors projects below it: refused,
+    naming the bucket. A floored bucket that no prompt reaches, or a record without context lengths,
+    cannot show the floor holds: refused too. Staging reads the mix alone."""
+    short, long_ = cls("lt512", 0.8, 3.5), cls("512-2k", 0.2, 2.0)
+    floors = (("512-2k", 1.0),)
+    d = decide(_with_contexts((short, long_), floors), "production", "t")
+    failed = [r for r in d.reasons if not r.ok]
+    assert [r.rule for r in failed] == ["context 512-2k"]
+    assert "accept_len 2.000" in failed[0].detail and "0.81x plain decoding, floor 1x" in failed[0].detail
+    assert decide(_with_contexts((short, cls("512-2k", 0.2, 2.6)), floors), "production", "t").allowed
+    d = decide(_with_contexts((short,), floors), "production", "t")
+    assert [r.detail for r in d.reasons if not r.ok] == [
+        "context 512-2k: no pinned prompt reaches this length, so its floor 1x cannot be checked: pin some that do"
+    ]
+    d = decide(_with_contexts(None, floors), "production", "t")
+    assert any("recorded no context lengths" in r.detail for r in d.reasons if not r.ok)
+    assert decide(_with_contexts(None, ()), "production", "t").allowed  # no floor: nothing to check
+    assert decide(_with_contexts((short, long_), floors), "staging", "t").allowed

@@ -1,0 +1,64 @@
+"""RMSNorm and SwiGLU that keep only their inputs for backward and recompute the rest.
+
+Autograd keeps every intermediate of the plain expressions: RMSNorm in fp32 holds its fp32 copy of
+the input, the normalised value and its cast (seven hidden-size fp32 tensors per position across the
+drafter's norms), SwiGLU holds gate, up, silu(gate) and their product. At the real K2 drafter's
+width (hidden 7168, intermediate 18432) that is 6 GiB of a 4096-token TTT-7 sample. These functions
+save their inputs (and RMSNorm's fp32 reciprocal norm, one number per position) and recompute the
+rest in backward: the same arithmetic, in the same precisions.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """x in at least fp32 (bf16 and fp16 widen, fp64 stays)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps: float):  # noqa: ANN001
+        xf = _wide(x)
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return weight * (xf * rstd).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001
+        x, weight, rstd = ctx.saved_tensors
+        normed = (_wide(x) * rstd).to(x.dtype)
+        grad_weight = (grad * normed).reshape(-1, grad.shape[-1]).sum(0).to(weight.dtype)
+        g = _wide((grad * weight).to(x.dtype))
+        xhat = _wide(x) * rstd
+        grad_x = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
+        return grad_x.to(x.dtype), grad_weight, None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * (x / rms(x)), the normalisation in fp32, the result in x's dtype times the weight."""
+    return _RMSNorm.apply(x, weight, eps)
+
+
+class _SwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up):  # noqa: ANN001
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001
+        gate, up = ctx.saved_tensors
+        sig = torch.sigmoid(_wide(gate))
+        silu = _wide(gate) * sig
+        grad_up = (_wide(grad) * silu).to(up.dtype)
+        grad_gate = (_wide(grad) * _wide(up) * sig * (1 + _wide(gate) * (1 - sig))).to(gate.dtype)
+        return grad_gate, grad_up
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up, keeping only gate and up for backward."""
+    return _SwiGLU.apply(gate, up)
