@@ -97,6 +97,34 @@ def k2_activations() -> str:
     return "; ".join(parts)
 
 
+GPU_BYTES, GPU_RUNTIME = 96 * 10**9, 2 * 1024**3  # an RTX PRO 6000 (96 GB); CUDA context and allocator, assumed
+
+
+def k2_cluster() -> str:
+    """What the real K2 drafter's fine-tuning fits on 8 x 96 GB (bf16, TTT 7, one rank per GPU): per ZeRO
+    stage, one 4096-token sample's needs, the most 4096-token samples per GPU and the longest one sample."""
+    from drafter.config import DrafterConfig
+    from drafter.memory_plan import GIB, plan
+
+    cfg = DrafterConfig.from_file(ROOT / "configs" / "reference" / "kimi-k2-eagle3.config.json")
+
+    def at(stage: int, batch: int, length: int):
+        return plan(cfg, stage=stage, bf16=True, world=8, micro_batch=batch, max_len=length, ttt_length=7,
+                    runtime=GPU_RUNTIME, limit_bytes=GPU_BYTES)  # fmt: skip
+
+    parts = []
+    for stage in (1, 2, 3):
+        one = at(stage, 1, 4096)
+        batch = max((b for b in range(1, 33) if at(stage, b, 4096).fits), default=0)
+        longest = max((n for n in range(1024, 65537, 1024) if at(stage, 1, n).fits), default=0)
+        parts.append(
+            f"ZeRO-{stage}: 1 x 4096 needs {one.per_rank / GIB:.1f} GiB per GPU (model states "
+            f"{one.model_states / GIB:.1f}, activations {one.activations / GIB:.1f}); fits {batch} x 4096 per GPU "
+            f"({8 * batch} per step), or one sample of up to {longest} tokens"
+        )
+    return "; ".join(parts)
+
+
 def main() -> None:
     rows = []
     gib = 1024**3
@@ -124,7 +152,8 @@ def main() -> None:
         "ZeRO-0 fp32, TTT 3, every position trained, two DeepSpeed steps after the plan in one fresh process "
         "(python -m bench.memory_plan). The real K2 drafter's activations in the plan (configs/reference, one "
         f"sample, TTT 7, bf16, eager -> blockwise attention): {k2_activations()}. Its fit on this host "
-        f"(1 x 2048 tokens, TTT 7): {k2_verdict()}"
+        f"(1 x 2048 tokens, TTT 7): {k2_verdict()}. On 8 x 96 GB (one rank per GPU, 2 GiB runtime assumed, "
+        f"the plan's 15% margin): {k2_cluster()}"
     )
     print(write_results("memory_plan", rows, notes).read_text())
 

@@ -9,7 +9,8 @@ through the pipeline's own steps, each in a fresh process: peak RSS and time per
   (4 experts of 64), saved as Kimi-K2.5 ships (wrapper config, `language_model.` weights), with the mini
   world's tokenizer. 2.7 B parameters, 5.4 GB in bf16.
 - Steps: import_drafter, shape_gate, make_data on 4 short prompts, evaluate (in-process, 2 prompts of
-  8 new tokens, 3 draft steps), and finetune's memory plan for the real drafter (it refuses on a host
+  8 new tokens, 3 draft steps; the target and the drafter at the target's own precision, bf16), and
+  finetune's memory plan for the real drafter (it refuses on a host
   that cannot hold it, before reading any data).
 
     python -m bench.rehearsal [--work /tmp/rehearsal]   # about 6 GB RAM at peak, 16 GB of disk
@@ -161,19 +162,19 @@ def main() -> None:
          "--trained_for", "moonshotai/Kimi-K2-Instruct"],
     )  # fmt: skip
     step("shape_gate", [*m, "steps.shape_gate", "--model", uri, "--target", str(target)], expect=(0, 1))
-    target_fp32 = target_params() * 4 / 1024**3  # the project loads a target in fp32
-    drafter_fp32 = (1.19e9 + 163840 * 7168) * 4 / 1024**3  # its weights and the target's embedding, fp32
+    target_bf16 = target_params() * 2 / 1024**3  # a target loads at its own precision: bf16 here
+    drafter_bf16 = (1.19e9 + 163840 * 7168) * 2 / 1024**3  # its weights and the target's embedding, bf16
     step(
         "make_data (4 prompts, 64 tokens)",
         [*m, "steps.make_data", "--target", str(target), "--prompts", str(prompts), "--out", str(data),
          "--drafter", uri, "--max_len", "64", "--no-progress"],
-        needs=target_fp32 * 1.1, what="the target in fp32",
+        needs=target_bf16 * 1.1, what="the target in bf16",
     )  # fmt: skip
     step(
         "evaluate (2 prompts x 8 tokens, k=3)",
         [*m, "steps.evaluate", "--model", uri, "--target", str(target), "--prompts", str(prompts), "--limit", "2",
          "--max_new_tokens", "8", "--draft_steps", "3", "--no-progress"],
-        needs=(target_fp32 + drafter_fp32) * 1.1, what="the target and the drafter with its embedding, fp32",
+        needs=(target_bf16 + drafter_bf16) * 1.1, what="the target and the drafter with its embedding, bf16",
     )  # fmt: skip
     step(
         "finetune: memory plan (ZeRO-0 fp32, 1 x 512, TTT up to 4)",

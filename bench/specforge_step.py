@@ -91,8 +91,9 @@ def ours(m: dict, share: float):
     return step
 
 
-def specforge_model(m: dict, api):
-    """SpecForge's draft model (sdpa backend) at the bench's shapes, frozen embedding, and its AdamW."""
+def specforge_model(m: dict, api, backend: str = "sdpa"):
+    """SpecForge's draft model (its `backend`: sdpa, flex_attention) at the bench's shapes, frozen embedding,
+    and its AdamW."""
     from transformers.models.llama.configuration_llama import LlamaConfig
 
     cls, _ = api
@@ -104,7 +105,7 @@ def specforge_model(m: dict, api):
     cfg.draft_vocab_size = m["draft_vocab"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = cls(cfg, attention_backend="sdpa")
+        model = cls(cfg, attention_backend=backend)
     model.embed_tokens.weight.requires_grad_(False)
     return model, torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
 

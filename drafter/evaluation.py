@@ -38,6 +38,8 @@ class OnlineResult:
     verify_seconds: float
     draft_seconds: float
     mismatches: int = 0  # greedy outputs that differed from the target's own (must be 0)
+    near_ties: int = 0  # in bf16/fp16: outputs that left the target's own at a near-tie its rounding decides
+    tie_gap: float = 0.0  # the widest logit gap between the two tokens where an output left at a near-tie
     truncated: int = 0
     outputs: list[list[int]] = field(default_factory=list)  # the target's own decoding, per prompt
     cycles: int = field(init=False)
@@ -149,7 +151,7 @@ def evaluate_online(
     ctx = int(getattr(target.model.config, "max_position_embeddings", 4096))
     prompts, truncated = encode_prompts(target.tokenizer, records, ctx, max_new_tokens, k)
     eos = stop_token(target.tokenizer)
-    accepted, mismatches, outputs = [], 0, []
+    accepted, mismatches, outputs, near_ties, tie_gap = [], 0, [], 0, 0.0
     base_tok = spec_tok = 0
     base_s = spec_s = verify_s = draft_s = 0.0
     for i, ids in enumerate(tqdm(prompts, desc="evaluate", unit="prompt", disable=not progress)):
@@ -158,7 +160,11 @@ def evaluate_online(
         base = target_generate(target, ids, max_new_tokens, temperature, g1, eos)
         spec = speculative_generate(target, drafter, ids, max_new_tokens, k, temperature, g2, eos)
         if temperature <= 0 and spec.tokens != base.tokens:
-            mismatches += 1
+            gap = divergence_gap(target, ids, base.tokens, spec.tokens)
+            if gap is None:
+                mismatches += 1
+            else:
+                near_ties, tie_gap = near_ties + 1, max(tie_gap, gap)
         accepted.append(spec.accepted)
         outputs.append(base.tokens)
         # decode-only throughput: the first token comes from the prefill, not from a cycle
@@ -166,8 +172,34 @@ def evaluate_online(
         spec_tok, spec_s = spec_tok + len(spec.tokens) - 1, spec_s + spec.seconds - spec.prefill_seconds
         verify_s, draft_s = verify_s + spec.verify_seconds, draft_s + spec.draft_seconds
     return OnlineResult(
-        k, accepted, base_tok, base_s, spec_tok, spec_s, verify_s, draft_s, mismatches, truncated, outputs
-    )
+        k, accepted, base_tok, base_s, spec_tok, spec_s, verify_s, draft_s, mismatches, truncated=truncated,
+        outputs=outputs, near_ties=near_ties, tie_gap=tie_gap,
+    )  # fmt: skip
+
+
+TIE_ULPS = 8  # a near-tie: the two tokens' logits within this many rounding steps of the logit's precision
+
+
+@torch.no_grad()
+def divergence_gap(target: Target, prompt: torch.Tensor, base: list[int], spec: list[int]) -> float | None:
+    """Where speculative and plain greedy decoding part, the logit gap between the two tokens they chose,
+    recomputed in one forward over the common prefix; when it is within TIE_ULPS rounding steps of the
+    target's precision (bf16: 2^-7 relative), a near-tie that rounding in another block shape decides (a
+    verify block and one token at a time round differently), so the gap; else None (a decoding bug). In
+    float32 and wider any parting is a bug."""
+    dtype = next(target.model.parameters()).dtype
+    if dtype.itemsize >= 4:
+        return None
+    n = min(len(base), len(spec))
+    at = next((i for i in range(n) if base[i] != spec[i]), n)
+    if at == n:
+        return None  # one output stops where the other goes on: not a choice between two tokens
+    ids = torch.cat([prompt.reshape(-1), torch.tensor(base[:at], dtype=torch.long)])[None]
+    logits = target.forward(ids).logits[0, -1].float()
+    a, b = logits[base[at]], logits[spec[at]]
+    gap = float((a - b).abs())
+    step = torch.finfo(dtype).eps * max(1.0, float(torch.maximum(a.abs(), b.abs())))
+    return gap if gap <= TIE_ULPS * step else None
 
 
 def stop_token(tokenizer: Any) -> int | None:

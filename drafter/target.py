@@ -224,15 +224,46 @@ def quiet_loading() -> None:
     hf_logging.set_verbosity_error()
 
 
+PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FLOATING = ("F32", "BF16", "F16")
+
+
+def own_precision(cfg: TargetConfig, header: dict[str, Any]) -> str:
+    """The precision a checkpoint is stored at, which is the one it is served at: its config's
+    `torch_dtype` (or `dtype`; text_config first), else the floating dtype most of the text model's
+    weights are stored in (a wrapper's vision tower does not count)."""
+    for raw in (cfg.text_config, cfg.raw):
+        name = raw.get("torch_dtype") or raw.get("dtype")
+        if isinstance(name, str) and name in PRECISIONS:
+            return name
+    counts: dict[str, int] = {}
+    for name, info in header.items():
+        if name.startswith(cfg.weight_prefix) and info.dtype in FLOATING:
+            counts[info.dtype] = counts.get(info.dtype, 0) + info.nbytes
+    stored = max(counts, key=counts.get) if counts else "F32"
+    return {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}[stored]
+
+
+def target_precision(source: str | Path, requested: str = "auto") -> str:
+    """The precision a target is loaded and served at: its own ('auto'), or the one asked for."""
+    if requested != "auto":
+        if requested not in PRECISIONS:
+            raise BadInput(f"--dtype must be auto or one of {', '.join(PRECISIONS)}, got {requested!r}")
+        return requested
+    folder, _ = resolve_local(source)
+    return own_precision(TargetConfig.from_file(folder), read_header(folder))
+
+
 def load_target(
     source: str | Path,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str = "auto",
     revision: str | None = None,
     trust_remote_code: bool = False,
     tokenizer: bool = True,
     progress: bool = True,
 ) -> Target:
-    """Load a target from a folder or hub id; multimodal wrappers (Kimi-K2.5) are unwrapped."""
+    """Load a target from a folder or hub id, at its own precision unless `dtype` says otherwise
+    (a name or torch dtype); multimodal wrappers (Kimi-K2.5) are unwrapped."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if not progress:
@@ -240,6 +271,8 @@ def load_target(
     folder, _ = resolve_local(source, revision)
     cfg = TargetConfig.from_file(folder)
     header = read_header(folder)  # every shard's header is sound before anything is loaded
+    if isinstance(dtype, str):
+        dtype = PRECISIONS[own_precision(cfg, header) if dtype == "auto" else target_precision(folder, dtype)]
     if cfg.weight_prefix:
         model = _text_model_from_wrapper(folder, cfg, header, dtype, trust_remote_code)
     else:

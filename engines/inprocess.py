@@ -105,4 +105,10 @@ class InProcess:
                 f"greedy speculative output differed from the target's on {online.mismatches} "
                 "prompts: a decoding bug, not a drafter property"
             )
+        if online.near_ties:
+            print(
+                f"evaluate: {online.near_ties} of {online.num_prompts} prompts' greedy speculative output left the "
+                f"target's own at a near-tie of its {self.target.model.dtype} arithmetic (logit gap <= "
+                f"{online.tie_gap:.3g}): a verify block rounds otherwise than one token at a time"
+            )
         return InProcessRun(online)

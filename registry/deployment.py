@@ -47,6 +47,7 @@ class Deployment:
     calibrated: bool  # measured by calibrate and signed by a trusted evaluator
     basis: str  # where the break-even comes from, said in every decision
     refusal: str = ""  # why no evidence can count under this profile ("": it can)
+    precision: str = ""  # what the target is served at: its own precision, or the one calibrate served it at
 
 
 def deployment(profile: Profile) -> Deployment:
@@ -84,7 +85,17 @@ def deployment(profile: Profile) -> Deployment:
             f"(break-even {be:.3f} <= 1 at concurrency {conc}), which no real engine does: it would pass every "
             "drafter, so it stands as no evidence; remeasure with more rounds"
         )
-    return Deployment(target, digest, trust, calibrated, basis, refusal)
+    return Deployment(target, digest, trust, calibrated, basis, refusal, _precision(profile, target, calibrated))
+
+
+def _precision(profile: Profile, target: str, calibrated: bool) -> str:
+    """The precision evidence must be measured at: the one calibrate served the target at, else the
+    target's own (its checkpoint's); "" when the profile names no target."""
+    from drafter.target import target_precision
+
+    if calibrated and profile.measured.get("target_precision"):
+        return str(profile.measured["target_precision"])
+    return target_precision(target) if target else ""
 
 
 def basis_of(profile: Profile) -> str:

@@ -77,6 +77,7 @@ class EvidenceRecord:
     # runs of this version whose record was unusable when this one was made: what this evaluation replaces
     acknowledged: list[str] = field(default_factory=list)
     trained_on: list[str] = field(default_factory=list)  # measured prompts its lineage was trained on, then
+    target_precision: str = ""  # what the target ran at ("": a record from before it was recorded: float32)
     created: float = field(default_factory=time.time)
     format: int = FORMAT
     run_id: str = ""  # where it was read from; not part of the signed record
@@ -222,6 +223,7 @@ def mismatches(
     drafter_files: dict[str, str],
     pinned: dict[str, list[str]] | None = None,
     version: tuple[str, str] | None = None,
+    precision: str = "",
 ) -> list[str]:
     """Why a record cannot stand as evidence for this profile, target and drafter (empty: it can)."""
     why = []
@@ -245,6 +247,8 @@ def mismatches(
         )
     if rec.target_digest != target_digest:
         why.append(f"measured on another target ({rec.target})")
+    elif precision and (rec.target_precision or "float32") != precision:
+        why.append(f"measured with the target at {rec.target_precision or 'float32'}; it is served at {precision}")
     distinct = len({key for c in rec.classes for key in c.prompt_keys})
     if distinct < rec.num_prompts:
         why.append(f"{rec.num_prompts} prompts counted, {distinct} distinct: a copy of a prompt is not another prompt")
@@ -367,7 +371,7 @@ def recompute(c: Any, mv: Any, profile: Profile, dep: Any = None) -> Evidence:
     contaminated = overlap(known.keys | remembered, pinned)
     matching, refused = [], []
     for rec in found.records:
-        why = mismatches(rec, profile, dep.digest, files, pinned, (mv.name, str(mv.version)))
+        why = mismatches(rec, profile, dep.digest, files, pinned, (mv.name, str(mv.version)), dep.precision)
         (refused if why else matching).append((rec, why))
     standing = deciding([r for r, _ in matching], profile.eval_temperature == 0)
     # an unusable run stands in the way until an evaluation on the pinned prompts with the same engine, made

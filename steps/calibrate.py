@@ -154,6 +154,7 @@ def measure(request: Request) -> Timings:
     else:
         plain, spec, measured, logs = time_launched(args, prompts, request.loads, s)
     measured["prompts_count"] = len(prompts)
+    measured["target_precision"] = s.dtype
     return Timings(plain, spec, measured, logs, digest, t0)
 
 
@@ -165,9 +166,17 @@ def encode(args, limit: int, max_new: int):
 
     path = Path(args.prompts)
     records = read_prompts(path, limit)
+    from drafter.target import target_precision
+
     tokenizer, context = target_tokenizer(args.target)
     ids, _ = encode_prompts(tokenizer, records, context, max_new, 64)
-    s = Settings(k=1, max_new_tokens=max_new, stop_token_id=stop_token(tokenizer), max_model_len=context)
+    s = Settings(
+        k=1,
+        max_new_tokens=max_new,
+        stop_token_id=stop_token(tokenizer),
+        max_model_len=context,
+        dtype=target_precision(args.target),
+    )  # served at its own precision, as the deployment serves it
     return [p.tolist() for p in ids], file_digest(path), s
 
 

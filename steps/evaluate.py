@@ -39,6 +39,10 @@ def build() -> argparse.ArgumentParser:
     p = parser("evaluate", __doc__)
     p.add_argument("--model", default="models:/k2.5-mini-eagle3@imported", help="registry URI, folder or hub id")
     p.add_argument("--target", default=str(MINIWORLD / "k2.5-mini"))
+    p.add_argument(
+        "--dtype", default="auto", help="the target's (and the drafter's) precision, in-process and served (auto: the "
+        "target checkpoint's own, as it is served)",
+    )  # fmt: skip
     p.add_argument("--data", default="none", help="held-out hidden-state dataset (offline acceptance); optional")
     p.add_argument(
         "--prompts",
@@ -113,6 +117,7 @@ class Request:
     engine: str
     endpoint: str | None
     served: tuple[int, int, float, float, list[int] | None] | None  # engine_settings, for a serving engine
+    precision: str = "auto"  # the target's and the drafter's, in-process and served (resolved once it fits)
 
     @property
     def records(self) -> list[dict] | None:
@@ -142,11 +147,16 @@ class Evaluation:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from drafter.target import target_precision
+
     request = parse(args)
     folder, mv = resolve_model(args.model)
     trained_on = warn_contamination(mv, request.classes)
-    warn_other_target(request)
     require_fit(folder, args.target, f"drafter {args.model} does not fit target {args.target}")
+    request = replace(request, precision=target_precision(args.target, args.dtype))  # "auto" read from its files
+    warn_other_target(request)
     evaluation = measure(request, folder, mv)
     evaluation.trained_on = trained_on
     publish(request, evaluation)
@@ -181,9 +191,13 @@ def parse(args: argparse.Namespace) -> Request:
     if not classes and engine != "in-process":
         raise BadInput(f"--engine {engine} measures on prompts: give --prompts")
     served = engine_settings(args) if engine != "in-process" else None  # first: the reference takes minutes
+    from drafter.target import PRECISIONS
+
+    if args.dtype != "auto" and args.dtype not in PRECISIONS:
+        raise BadInput(f"--dtype must be auto or one of {', '.join(PRECISIONS)}, got {args.dtype!r}")
     return Request(
         args, profile, deployment, deployment.binding(), k, temperature, max_new, limit, seed, data, classes, scope,
-        engine, endpoint, served,
+        engine, endpoint, served, args.dtype,
     )  # fmt: skip
 
 
@@ -200,6 +214,9 @@ def warn_other_target(request: Request) -> None:
         if dep.digest and target_digest(request.args.target) != dep.digest:
             print(f"evaluate: warning: {request.args.target} is not {request.profile.name}'s deployment target "
                   f"({dep.target}): this record will count for no decision on it")  # fmt: skip
+        elif dep.precision and request.precision != dep.precision:
+            print(f"evaluate: warning: the target runs at {request.precision} here; {request.profile.name} serves it "
+                  f"at {dep.precision}: this record will count for no decision on it")  # fmt: skip
     except BadInput:
         return  # promote says why, where it matters
 
@@ -226,7 +243,8 @@ def serving_engine(request: Request) -> Engine | None:
     from engines.vllm import Settings
 
     concurrency, rounds, tolerance, agreement, handed = request.served
-    settings = Settings(k=request.k, max_new_tokens=request.max_new, concurrency=concurrency, rounds=rounds)
+    settings = Settings(k=request.k, max_new_tokens=request.max_new, concurrency=concurrency, rounds=rounds,
+                        dtype=request.precision)  # fmt: skip
     checks = Checks(tolerance, agreement, handed)
     python = none_if_empty(request.args.engine_python)
     return ServingEngine(request.engine, settings, checks, request.endpoint, python, request.args.drafter_format)
@@ -237,7 +255,7 @@ def measure(request: Request, folder: Path, mv: Any) -> Evaluation:
     project's own decoder first when it runs, then the serving engine held to it), projected onto the
     profile's binding operating point."""
     from drafter.checkpoint import load_drafter
-    from drafter.target import load_target
+    from drafter.target import PRECISIONS, load_target
     from engines.inprocess import InProcess
     from engines.protocol import Job
 
@@ -246,9 +264,11 @@ def measure(request: Request, folder: Path, mv: Any) -> Evaluation:
     served = serving_engine(request)
     if served is not None:
         served.check_reachable()  # before any decoding: the in-process reference takes minutes
-    target = load_target(args.target, progress=args.progress) if request.reference or request.data else None
+    dtype = PRECISIONS[request.precision]  # the drafter runs at the target's precision, as an engine serves both
+    wanted = request.reference or request.data
+    target = load_target(args.target, dtype=dtype, progress=args.progress) if wanted else None
     drafter = (
-        load_drafter(folder, embedding=target.embedding_weight.detach().float()).eval() if target is not None else None
+        load_drafter(folder, dtype, embedding=target.embedding_weight.detach().to(dtype)).eval() if target else None
     )
     if request.data:
         measure_offline(request, drafter, out)
@@ -574,6 +594,7 @@ def evidence_record(request: Request, ev: Evaluation):
         draft_steps=request.k,
         target=str(request.args.target),
         target_digest=target_digest(request.args.target),
+        target_precision=request.precision,
         temperature=request.temperature,
         max_new_tokens=request.max_new,
         engine=measured.engine,

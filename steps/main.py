@@ -396,27 +396,39 @@ def summary(
             f"{m.get('projected_tps', 0):.1f} | {be:.2f} | {verdict} |"
         )
     lines += class_lines(results)
+    lines += class_lines(results, "ctx_")
     lines += served or []
     lines += ["", f"promotion: {decision}", f"wall time: {seconds / 60:.1f} min"]
     return "\n".join(lines)
 
 
-def class_lines(results: dict[str, tuple[str, dict[str, float]]]) -> list[str]:
-    """Each drafter per traffic class and for the mix: accept_len [95% CI] and projected speed-up."""
+def class_lines(results: dict[str, tuple[str, dict[str, float]]], prefix: str = "class_") -> list[str]:
+    """Each drafter per traffic class and for the mix (prefix "class_"), or per context length ("ctx_"):
+    accept_len [95% CI] and projected speed-up."""
+    from serving.workload import context_buckets
+
     metrics = next(iter(results.values()))[1]
-    names = sorted(k[len("class_") : -len("_accept_len")] for k in metrics if k.startswith("class_") and k.endswith(
+    names = sorted(k[len(prefix) : -len("_accept_len")] for k in metrics if k.startswith(prefix) and k.endswith(
         "_accept_len"))  # fmt: skip
     if not names:
         return []
-    lines = ["", "| drafter | " + " | ".join(names) + " | traffic mix |", "|---" * (len(names) + 2) + "|"]
+    mix = prefix == "class_"
+    if not mix:  # context buckets, shortest first, named as lengths
+        names = [n for n in context_buckets() if n in names]
+    heads = names if mix else [f"{n} tokens" for n in names]
+    lines = ["", "| drafter | " + " | ".join(heads) + (" | traffic mix |" if mix else " |"),
+             "|---" * (len(names) + 1 + mix) + "|"]  # fmt: skip
     for label, (version, m) in results.items():
         cells = [
-            f"{m[f'class_{n}_accept_len']:.2f} [{m[f'class_{n}_accept_len_ci_low']:.2f}, "
-            f"{m[f'class_{n}_accept_len_ci_high']:.2f}] {m[f'class_{n}_projected_speedup']:.2f}x"
+            f"{m[f'{prefix}{n}_accept_len']:.2f} [{m[f'{prefix}{n}_accept_len_ci_low']:.2f}, "
+            f"{m[f'{prefix}{n}_accept_len_ci_high']:.2f}] {m[f'{prefix}{n}_projected_speedup']:.2f}x"
+            if f"{prefix}{n}_accept_len" in m else "-"
             for n in names
-        ]
-        mix = f"{m['accept_len']:.2f} [{m['accept_len_ci_low']:.2f}, {m['accept_len_ci_high']:.2f}] "
-        lines.append(f"| {label} v{version} | " + " | ".join(cells) + f" | {mix}{m['projected_speedup']:.2f}x |")
+        ]  # fmt: skip
+        if mix:
+            cells.append(f"{m['accept_len']:.2f} [{m['accept_len_ci_low']:.2f}, {m['accept_len_ci_high']:.2f}] "
+                         f"{m['projected_speedup']:.2f}x")  # fmt: skip
+        lines.append(f"| {label} v{version} | " + " | ".join(cells) + " |")
     return lines
 
 

@@ -11,7 +11,7 @@ from common.errors import BadInput
 from common.prompt_files import file_digest, read_prompts
 from drafter.capture import bytes_per_token, capture, plan_capture
 from drafter.data import preflight
-from drafter.target import load_target
+from drafter.target import load_target, target_precision
 from serving.workload import prompt_key
 from steps._cli import log_params, none_if_empty, parser, run_step, step_run
 
@@ -26,6 +26,7 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--drafter", default="none", help="drafter whose config gives the aux layer ids")
     p.add_argument("--layers", default="auto", help="aux layer ids 'a,b,c' (auto: the drafter's)")
     p.add_argument("--shard_tokens", type=int, default=65536, help="tokens per shard")
+    p.add_argument("--dtype", default="auto", help="the target's precision (auto: its checkpoint's own)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 
@@ -80,7 +81,7 @@ def parse(args: argparse.Namespace) -> tuple[list[int], str | None, Any, list[di
 def prepare(args: argparse.Namespace, layers: list[int], drafter_cfg: Any, records: list[dict]):
     """The target loaded and checked against the layers and the drafter, the capture planned (and announced),
     and the dataset's meta (what contamination and evidence are checked by)."""
-    target = load_target(args.target, progress=args.progress)
+    target = load_target(args.target, dtype=target_precision(args.target, args.dtype), progress=args.progress)
     target.check_layer_ids(layers)
     h = target.config.hidden_size
     if drafter_cfg is not None and drafter_cfg.target_hidden != h:
@@ -103,6 +104,7 @@ def prepare(args: argparse.Namespace, layers: list[int], drafter_cfg: Any, recor
         "prompt_keys": sorted({prompt_key(r) for r in records}),  # what contamination is checked by
         "max_len": args.max_len,
         "limit": args.limit,
+        "target_precision": str(target.model.dtype).removeprefix("torch."),
     }
     return target, plan, meta
 

@@ -119,7 +119,7 @@ def conditions_moved(rec: Any, r: Request, dep: Any, files: dict[str, str]) -> l
 
     if rec is None:
         return ["the evidence it was promoted on cannot be read"]
-    moved = evidence.mismatches(rec, r.profile, dep.digest, files)
+    moved = evidence.mismatches(rec, r.profile, dep.digest, files, precision=dep.precision)
     now = current_engine_version(r.engine)
     if rec.engine != r.engine:
         moved.append(f"promoted on {rec.engine}, re-certified on {r.engine}")

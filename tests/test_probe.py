@@ -114,4 +114,4 @@ def test_a_traffic_class_of_the_profile_can_be_probed(tiny_targets, world):
     run = project_runs(c, filter_string="tags.`drafterops.step` = 'probe'", order_by=["start_time DESC"])[0]
     assert run.data.params["resolved.prompts"] == "class:docs" and run.data.metrics["probe_token_agreement"] == 1.0
     bad = run_step("probe", [*args, "--class", "poetry"], world)
-    assert bad.returncode == 2 and "has no traffic class 'poetry' (classes: code, docs, repl)" in bad.stderr
+    assert bad.returncode == 2 and "has no traffic class 'poetry' (classes: code, docs, repl, long)" in bad.stderr

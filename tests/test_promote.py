@@ -237,3 +237,8 @@ def test_evidence_matching_is_by_values_not_names(tmp_path):
     few = record()
     few.classes[0].per_prompt, few.classes[0].prompt_keys = [(3, 2)] * 5, keys[:5]
     assert any("5 prompts, the profile needs 20" in w for w in mismatches(few, real, "T", files))
+    # the target's precision: a record from before it was recorded was measured at float32
+    assert mismatches(record(target_precision="bfloat16"), real, "T", files, precision="bfloat16") == []
+    assert mismatches(record(), real, "T", files, precision="bfloat16") == [
+        "measured with the target at float32; it is served at bfloat16"
+    ]

@@ -71,3 +71,45 @@ def test_unknown_source_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(BadInput, match="not a local folder and not downloadable"):
         load_target("nobody/no-such-model")
+
+
+def test_a_target_loads_at_its_own_precision_unless_told(tiny_targets, tmp_path):
+    """The mini world's K2.5 is stored in bf16 (its vision tower's fp32 stub does not count): it loads in
+    bf16, half the memory of fp32; a config's dtype names it outright; --dtype overrides."""
+    from common.paths import MINIWORLD
+    from drafter.target import target_precision
+
+    assert target_precision(MINIWORLD / "k2.5-mini") == "bfloat16"
+    assert target_precision(MINIWORLD / "k2-mini") == "bfloat16"  # its config says so
+    flat, _ = tiny_targets
+    assert target_precision(flat) == "bfloat16" and target_precision(flat, "float32") == "float32"
+    assert next(load_target(MINIWORLD / "k2.5-mini", tokenizer=False).model.parameters()).dtype == torch.bfloat16
+    assert next(load_target(flat, "float32", tokenizer=False).model.parameters()).dtype == torch.float32
+    with pytest.raises(BadInput, match="--dtype must be auto or one of float32, bfloat16, float16, got 'fp8'"):
+        target_precision(flat, "fp8")
+
+
+class _Tie:
+    """A target whose next-token logits put two tokens `gap` apart (what a bf16 near-tie looks like)."""
+
+    def __init__(self, dtype, gap):
+        self.model = torch.nn.Linear(1, 1).to(dtype)
+        self.gap = gap
+
+    def forward(self, ids):
+        logits = torch.zeros(1, ids.shape[1], 8)
+        logits[0, -1, 3], logits[0, -1, 5] = 10.0, 10.0 - self.gap
+        return type("Out", (), {"logits": logits})()
+
+
+def test_a_parting_at_a_bf16_near_tie_is_rounding_and_any_other_is_a_bug():
+    """Greedy speculative decoding may leave the plain decode where two tokens' logits lie within a few
+    rounding steps (a verify block rounds otherwise than one token at a time); that is said with its
+    gap. A wider gap, a parting in float32, or one output merely stopping early, is a decoding bug."""
+    from drafter.evaluation import divergence_gap
+
+    prompt, base, spec = torch.tensor([1, 2]), [7, 3, 4], [7, 5, 4]
+    assert divergence_gap(_Tie(torch.bfloat16, 0.05), prompt, base, spec) == pytest.approx(0.05, rel=1e-4)
+    assert divergence_gap(_Tie(torch.bfloat16, 1.0), prompt, base, spec) is None  # 10 x 2^-7 x 8 = 0.625
+    assert divergence_gap(_Tie(torch.float32, 1e-6), prompt, base, spec) is None
+    assert divergence_gap(_Tie(torch.bfloat16, 0.05), prompt, base, base[:2]) is None

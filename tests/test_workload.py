@@ -154,13 +154,14 @@ def test_slow_traffic_split_into_small_classes_is_still_held_to_the_floor():
 
 
 def test_the_mini_world_workload_is_held_out_and_pinned():
-    """Three classes, each pinned by the kimi profile's digest, none sharing text with any prompt the
-    targets or drafters were trained, validated, tested or scaled on."""
+    """Four classes, each pinned by the kimi profile's digest, none sharing text with any prompt the
+    targets or drafters were trained, validated, tested or scaled on; the long class's conversations
+    all lie past 512 tokens."""
     from pathlib import Path
 
     prompts = Path(__file__).resolve().parents[1] / "miniworld" / "prompts"
     profile = load_profile("kimi-k2.5-8xrtxpro6000")
-    assert [c.name for c in profile.workload] == ["code", "docs", "repl"]
+    assert [c.name for c in profile.workload] == ["code", "docs", "repl", "long"]
     assert math.isclose(sum(c.share for c in profile.workload), 1.0)
 
     def users(path):
@@ -172,9 +173,14 @@ def test_the_mini_world_workload_is_held_out_and_pinned():
     others = shingles([u for f in sorted(prompts.glob("k2*.jsonl")) for u in users(f)])
     for c in profile.workload:
         mine = users(c.prompts)
-        assert len(c.keys()) == len(set(c.keys())) >= 20
+        assert len(c.keys()) == len(set(c.keys())) >= 16
         shared = [u for u in mine if shingles([u]) & others]
         assert not shared, f"class {c.name}: {len(shared)} prompts share text with other sets"
+    from drafter.evaluation import encode_prompts, target_tokenizer
+
+    tokenizer, context = target_tokenizer(prompts.parent / "k2.5-mini")
+    ids, cut = encode_prompts(tokenizer, profile.traffic_class("long").records(), context, 64, 3)
+    assert cut == 0 and min(len(i) for i in ids) >= 512 and max(len(i) for i in ids) + 64 < context
 
 
 def test_context_buckets_are_named_as_metrics_and_profiles_spell_them():
