@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from common.errors import BadInput
 from drafter import aux_layers
 from drafter.config import DrafterConfig, read_json
-from drafter.model import Eagle3Drafter
+from drafter.model import Eagle3Drafter, Rotary
 from drafter.vocab import validate_vocab_maps
 
 SINGLE_FILE = "model.safetensors"
@@ -240,7 +240,8 @@ def load_drafter(
     problems = header_problems(header, cfg)
     if problems:
         raise BadInput(f"{folder}: checkpoint does not match its config: " + "; ".join(problems))
-    model = Eagle3Drafter(cfg)
+    with torch.device("meta"):  # no random weights first: at real width that was a second, fp32 copy (9.5 GB)
+        model = Eagle3Drafter(cfg)
     state = {}
     for fname in sorted({info.file for info in header.values()}):
         with safe_open(str(folder / fname), framework="pt") as fh:
@@ -249,7 +250,7 @@ def load_drafter(
                 if tensor.is_floating_point() and not torch.isfinite(tensor).all():
                     bad = int((~torch.isfinite(tensor)).sum())
                     raise BadInput(f"{folder / fname}: tensor '{name}' has {bad} NaN/Inf values")
-                state[name] = tensor
+                state[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
     validate_vocab_maps(state["d2t"], state["t2d"], cfg.draft_vocab_size, cfg.vocab_size, where=str(folder))
     has_embedding = EMBED in state
     if not has_embedding and embedding is not None:
@@ -258,12 +259,12 @@ def load_drafter(
                 f"target embedding has shape {list(embedding.shape)}, drafter needs "
                 f"[{cfg.vocab_size}, {cfg.hidden_size}]"
             )
-        state[EMBED] = embedding
+        state[EMBED] = embedding.to(dtype)
         has_embedding = True
     if not has_embedding:
-        state[EMBED] = model.embed_tokens.weight.detach()
-    model.load_state_dict(state, strict=True)
-    model.to(dtype)
+        state[EMBED] = torch.zeros(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.rotary = Rotary(cfg.head_dim, cfg.rope, cfg.max_position_embeddings)  # not in the file: computed
     model.has_embedding = has_embedding
     return model
 
