@@ -93,8 +93,8 @@ def _precision(profile: Profile, target: str, calibrated: bool) -> str:
     target's own (its checkpoint's); "" when the profile names no target."""
     from drafter.target import target_precision
 
-    if calibrated and profile.measured.get("target_precision"):
-        return str(profile.measured["target_precision"])
+    if calibrated:  # calibrations before the precision was recorded served the target at float32
+        return str(profile.measured.get("target_precision") or "float32")
     return target_precision(target) if target else ""
 
 
