@@ -41,7 +41,7 @@ class KeyRule:
         qp = self.query_pos[:, lo:hi]
         end = int(qp.max()) + 1
         start = 0 if self.window is None else max(0, int(qp.min()) + self.offset - self.window + 1)
-        return min(start, end), end
+        return min(start, end - 1), end  # at least one key (masked if unseen): a block never reduces over none
 
     def allowed(self, lo: int, hi: int, k0: int, k1: int) -> torch.Tensor:
         """[B, hi - lo, k1 - k0] bool: may query lo.. see key k0..?"""
