@@ -244,11 +244,16 @@ def own_precision(cfg: TargetConfig, header: dict[str, Any]) -> str:
     return {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}[stored]
 
 
+def check_precision(requested: str) -> str:
+    """A --dtype as given: auto or a precision name, else bad input naming the flag."""
+    if requested != "auto" and requested not in PRECISIONS:
+        raise BadInput(f"--dtype must be auto or one of {', '.join(PRECISIONS)}, got {requested!r}")
+    return requested
+
+
 def target_precision(source: str | Path, requested: str = "auto") -> str:
     """The precision a target is loaded and served at: its own ('auto'), or the one asked for."""
-    if requested != "auto":
-        if requested not in PRECISIONS:
-            raise BadInput(f"--dtype must be auto or one of {', '.join(PRECISIONS)}, got {requested!r}")
+    if check_precision(requested) != "auto":
         return requested
     folder, _ = resolve_local(source)
     return own_precision(TargetConfig.from_file(folder), read_header(folder))
@@ -272,7 +277,7 @@ def load_target(
     cfg = TargetConfig.from_file(folder)
     header = read_header(folder)  # every shard's header is sound before anything is loaded
     if isinstance(dtype, str):
-        dtype = PRECISIONS[own_precision(cfg, header) if dtype == "auto" else target_precision(folder, dtype)]
+        dtype = PRECISIONS[own_precision(cfg, header) if check_precision(dtype) == "auto" else dtype]
     if cfg.weight_prefix:
         model = _text_model_from_wrapper(folder, cfg, header, dtype, trust_remote_code)
     else:

@@ -81,7 +81,7 @@ class _BlockwiseTTTAttention(torch.autograd.Function):
                 hi = min(m, lo + step)
                 k0, k1 = rule.key_span(lo, hi)
                 s, sd = _scores(q, keys, diag_k, rule, lo, hi, k0, k1, scale)
-                top = torch.maximum(s.amax(-1), sd.amax(-1) if sd.shape[-1] else s.amax(-1))
+                top = s.amax(-1) if not sd.shape[-1] else torch.maximum(s.amax(-1), sd.amax(-1))
                 total = (s - top[..., None]).exp().sum(-1) + (sd - top[..., None]).exp().sum(-1)
                 block_lse = top + total.log()
                 p = (s - block_lse[..., None]).exp().to(q.dtype)
@@ -141,14 +141,3 @@ def blockwise_ttt_attention(
     """q [B, h, M, d] against step-0 keys/values [B, h, T, d] and the chain's own keys/values
     [B, h, M, J, d] (J earlier steps, at each query's position); returns [B, h, M, d]."""
     return _BlockwiseTTTAttention.apply(q, keys, values, diag_k, diag_v, rule, scale)
-
-
-def eager_ttt_attention(q, keys, values, diag_k, diag_v, rule: KeyRule, scale: float) -> torch.Tensor:  # noqa: ANN001
-    """The reference: the whole probability matrix at once, as the eager path of drafter/model.py."""
-    t = keys.shape[2]
-    allowed = rule.allowed(0, q.shape[2], 0, t)
-    scores = torch.matmul(q, keys.transpose(-1, -2)) * scale
-    scores = scores.masked_fill(~allowed[:, None], torch.finfo(scores.dtype).min)
-    diag = (q[:, :, :, None, :] * diag_k).sum(-1) * scale
-    probs = torch.softmax(torch.cat([scores, diag], dim=-1), dim=-1, dtype=torch.float32).to(q.dtype)
-    return torch.matmul(probs[..., :t], values) + (probs[..., t:, None] * diag_v).sum(-2)

@@ -191,13 +191,11 @@ def parse(args: argparse.Namespace) -> Request:
     if not classes and engine != "in-process":
         raise BadInput(f"--engine {engine} measures on prompts: give --prompts")
     served = engine_settings(args) if engine != "in-process" else None  # first: the reference takes minutes
-    from drafter.target import PRECISIONS
+    from drafter.target import check_precision
 
-    if args.dtype != "auto" and args.dtype not in PRECISIONS:
-        raise BadInput(f"--dtype must be auto or one of {', '.join(PRECISIONS)}, got {args.dtype!r}")
     return Request(
         args, profile, deployment, deployment.binding(), k, temperature, max_new, limit, seed, data, classes, scope,
-        engine, endpoint, served, args.dtype,
+        engine, endpoint, served, check_precision(args.dtype),
     )  # fmt: skip
 
 
