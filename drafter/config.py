@@ -79,6 +79,17 @@ def _window(raw: dict[str, Any], where: str) -> int | None:
     return _int(raw, "sliding_window", where)
 
 
+def check_depth(cfg: DrafterConfig, depth: int, what: str) -> None:
+    """A sliding window must reach over the draft chain: training joins every earlier draft step's key to
+    a step's softmax, a windowed decoder drops the ones the window has passed; past sliding_window + 1
+    steps the two compute different networks (tests/test_model.py finds where)."""
+    if cfg.sliding_window is not None and depth > cfg.sliding_window + 1:
+        raise BadInput(
+            f"{what} {depth} reach past the drafter's sliding_window {cfg.sliding_window} (at most "
+            f"{cfg.sliding_window + 1}): training and decoding would see different draft-step keys"
+        )
+
+
 @dataclass
 class DrafterConfig:
     """An EAGLE-3 drafter's config.json (SGLang/vLLM `LlamaForCausalLMEagle3`)."""

@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from common.errors import BadInput
-from drafter.config import DrafterConfig
+from drafter.config import DrafterConfig, check_depth
 from drafter.data import collate, split_indices, token_counts
 from drafter.loss import StepStats, loss_positions, pred_mask_from_loss_mask, target_draft_logits, ttt_loss
 from drafter.model import Eagle3Drafter
@@ -344,6 +344,8 @@ def _setup(model: Eagle3Drafter, dataset: Any, cfg: TrainConfig, val_dataset: An
     check_fit(model.config, dataset)
     if cfg.max_steps < 1 or cfg.batch_size < 1 or cfg.ttt_length < 1:
         raise BadInput("max_steps, batch_size and ttt_length must be >= 1")
+    check_depth(model.config, cfg.ttt_length, "ttt_length")
+    check_depth(model.config, cfg.val_draft_steps, "the validation's draft steps")
     if val_dataset is not None:
         check_fit(model.config, val_dataset)
         train_idx, val_idx = list(range(len(dataset))), list(range(len(val_dataset)))

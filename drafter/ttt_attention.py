@@ -6,7 +6,7 @@ position (the chain's "diagonal"). The eager path (drafter/model.py, `attention=
 whole [heads, T, T + j] probability matrix of every step for backward: 75.6 GiB of activations for
 the real K2 drafter at 4096 tokens and TTT 7.
 
-This path keeps only each query's output and log-sum-exp. Forward and backward walk the queries in
+This path keeps only each query's output, top score and softmax denominator. Forward and backward walk the queries in
 blocks and recompute a block's scores in backward, as flash attention does (and SpecForge's `fa`
 backend, which merges flash blocks by log-sum-exp); the diagonal keys join the same softmax. A block
 reads only the keys some query of it may see (causal and window), so long sequences also do less
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+MASKED = torch.finfo(torch.float32).min  # a score a query may not see
 BLOCK_ELEMENTS = 1 << 24  # one query block's scores hold at most this many elements (64 MiB in fp32)
 
 
@@ -64,9 +65,17 @@ def block_size(batch: int, heads: int, keys: int) -> int:
 def _scores(q, keys, diag_k, rule: KeyRule, lo: int, hi: int, k0: int, k1: int, scale: float):
     """Block scores in fp32 (computed in the inputs' precision, as the eager path does), masked."""
     s = (torch.matmul(q[:, :, lo:hi], keys[:, :, k0:k1].transpose(-1, -2)) * scale).float()
-    s = s.masked_fill(~rule.allowed(lo, hi, k0, k1)[:, None], torch.finfo(torch.float32).min)
+    s = s.masked_fill(~rule.allowed(lo, hi, k0, k1)[:, None], MASKED)
     sd = ((q[:, :, lo:hi, None, :] * diag_k[:, :, lo:hi]).sum(-1) * scale).float()  # [B, h, C, J]
     return s, sd
+
+
+def _probs(s, sd, top, total, lo: int, hi: int):  # noqa: ANN001
+    """A block's probabilities from each row's top score and its sum of exp(score - top), kept apart
+    rather than as one log-sum-exp: a row that may see no key (every score at the mask value) then
+    averages its keys as the eager softmax does, where top + log(total) would round to top and sum them."""
+    t, n = top[:, :, lo:hi, None], total[:, :, lo:hi, None]
+    return (s - t).exp() / n, (sd - t).exp() / n
 
 
 class _BlockwiseTTTAttention(torch.autograd.Function):
@@ -75,27 +84,27 @@ class _BlockwiseTTTAttention(torch.autograd.Function):
         with torch.autocast(q.device.type, enabled=False):
             b, h, m, _ = q.shape
             out = torch.empty_like(q)
-            lse = torch.empty(b, h, m, dtype=torch.float32, device=q.device)
+            top = torch.empty(b, h, m, dtype=torch.float32, device=q.device)
+            total = torch.empty_like(top)
             step = block_size(b, h, keys.shape[2])
             for lo in range(0, m, step):
                 hi = min(m, lo + step)
                 k0, k1 = rule.key_span(lo, hi)
                 s, sd = _scores(q, keys, diag_k, rule, lo, hi, k0, k1, scale)
-                top = s.amax(-1) if not sd.shape[-1] else torch.maximum(s.amax(-1), sd.amax(-1))
-                total = (s - top[..., None]).exp().sum(-1) + (sd - top[..., None]).exp().sum(-1)
-                block_lse = top + total.log()
-                p = (s - block_lse[..., None]).exp().to(q.dtype)
-                pd = (sd - block_lse[..., None]).exp().to(q.dtype)
+                t = s.amax(-1) if not sd.shape[-1] else torch.maximum(s.amax(-1), sd.amax(-1))
+                top[:, :, lo:hi] = t
+                total[:, :, lo:hi] = (s - t[..., None]).exp().sum(-1) + (sd - t[..., None]).exp().sum(-1)
+                p, pd = _probs(s, sd, top, total, lo, hi)
+                p, pd = p.to(q.dtype), pd.to(q.dtype)
                 o = torch.matmul(p, values[:, :, k0:k1]) + (pd[..., None] * diag_v[:, :, lo:hi]).sum(-2)
                 out[:, :, lo:hi] = o
-                lse[:, :, lo:hi] = block_lse
-        ctx.save_for_backward(q, keys, values, diag_k, diag_v, out, lse)
+        ctx.save_for_backward(q, keys, values, diag_k, diag_v, out, top, total)
         ctx.rule, ctx.scale = rule, scale
         return out
 
     @staticmethod
     def backward(ctx, grad_out):  # noqa: ANN001
-        q, keys, values, diag_k, diag_v, out, lse = ctx.saved_tensors
+        q, keys, values, diag_k, diag_v, out, top, total = ctx.saved_tensors
         rule, scale = ctx.rule, ctx.scale
         with torch.autocast(q.device.type, enabled=False):
             grad_out = grad_out.to(q.dtype)
@@ -110,13 +119,12 @@ class _BlockwiseTTTAttention(torch.autograd.Function):
                 hi = min(m, lo + step)
                 k0, k1 = rule.key_span(lo, hi)
                 s, sd = _scores(q, keys, diag_k, rule, lo, hi, k0, k1, scale)
-                p = (s - lse[:, :, lo:hi, None]).exp()
-                pd = (sd - lse[:, :, lo:hi, None]).exp()
+                p, pd = _probs(s, sd, top, total, lo, hi)
                 go = grad_out[:, :, lo:hi]
                 row = (go.float() * out[:, :, lo:hi].float()).sum(-1, keepdim=True)  # sum_k p dp = dO . O
                 dp = torch.matmul(go, values[:, :, k0:k1].transpose(-1, -2)).float()
                 dpd = (go[:, :, :, None, :] * diag_v[:, :, lo:hi]).sum(-1).float()
-                ds = (p * (dp - row)).to(q.dtype)
+                ds = (p * (dp - row)).masked_fill(s == MASKED, 0.0).to(q.dtype)  # a masked score has no gradient
                 dsd = pd * (dpd - row)
                 qc = q[:, :, lo:hi]
                 chain = (dsd[..., None] * diag_k[:, :, lo:hi]).sum(-2)

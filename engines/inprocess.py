@@ -8,7 +8,7 @@ from typing import Any
 
 from common.errors import InternalError
 from common.paths import PROFILE_DIR
-from drafter.evaluation import OnlineResult, evaluate_online
+from drafter.evaluation import NEAR_TIE_SHARE, OnlineResult, evaluate_online
 from engines.protocol import Job, Measurement
 from serving.profile import Profile, load_profile
 
@@ -104,6 +104,12 @@ class InProcess:
             raise InternalError(
                 f"greedy speculative output differed from the target's on {online.mismatches} "
                 "prompts: a decoding bug, not a drafter property"
+            )
+        if online.near_ties > NEAR_TIE_SHARE * online.num_prompts:
+            raise InternalError(
+                f"greedy speculative output left the target's own at near-ties on {online.near_ties} of "
+                f"{online.num_prompts} prompts (at most {100 * NEAR_TIE_SHARE:g}% is rounding): a decoding bug, "
+                "not a drafter property"
             )
         if online.near_ties:
             print(

@@ -89,7 +89,7 @@ def measure(
     """As engines.vllm.measure: the speculative server first (`check` sees its half), then the plain one."""
     runs, starts, logs = {}, {}, []
     env = dict(os.environ)
-    for name, draft in (("spec", launch.drafter), ("baseline", None)):
+    for name, draft in (("spec", launch.drafter), ("baseline", None))[: 2 if s.baseline else 1]:
         log = launch.workdir / f"sglang-{name}.log"
         logs.append(str(log))
         with on_loopback(
@@ -103,7 +103,7 @@ def measure(
             runs[name] = sequential(server.url, prompts, s, draft is not None, None)
         if draft is not None and check is not None:
             check(_run(launch, s, runs[name], None, starts, logs))
-    return _run(launch, s, runs["spec"], runs["baseline"], starts, logs)
+    return _run(launch, s, runs["spec"], runs.get("baseline"), starts, logs)
 
 
 def _run(launch: Launch, s: Settings, spec, base, starts, logs) -> EngineRun:

@@ -51,6 +51,7 @@ class Settings:
     dtype: str = "float32"
     start_timeout_s: float = 300.0
     rounds: int = 2  # timing rounds, every server in turn each round: more rounds, a tighter served speed-up
+    baseline: bool = True  # False: the speculative server alone, checked and not timed against plain decoding
 
 
 def server_command(python: Path, model: Path, port: int, s: Settings, drafter: Path | None) -> list[str]:
@@ -246,10 +247,11 @@ def measure(
             return lambda port: server_command(launch.python, draft, port, s, None)
         return lambda port: server_command(launch.python, launch.target, port, s, draft)
 
+    halves = (("spec", launch.drafter, logs[0]), ("baseline", None, logs[1]))[: 2 if s.baseline else 1]
     with ExitStack() as stack:
-        spec, base = launched_together(stack, [
+        spec, *rest = launched_together(stack, [
             on_loopback(f"vLLM ({engine_version}, {name})", command(draft), env, Path(log), s.start_timeout_s)
-            for name, draft, log in (("spec", launch.drafter, logs[0]), ("baseline", None, logs[1]))
+            for name, draft, log in halves
         ])  # fmt: skip
         spec.wait_ready()
         complete(spec.url, prompts[0], s, s.seed)  # warm-up, not counted: start-up costs stay out
@@ -260,8 +262,12 @@ def measure(
             bar.close()
         if sum(c for _, c in seq[1]) == 0:
             raise InternalError(f"vLLM ({engine_version}) reported no speculative drafts; its log: {logs[0]}")
+        first = _run(engine_version, s, seq, None, {"spec": spec.start_seconds}, aux, logs[:1])
         if check is not None:
-            check(_run(engine_version, s, seq, None, {"spec": spec.start_seconds}, aux, logs))
+            check(first)
+        if not s.baseline:
+            return first
+        base = rest[0]
         base.wait_ready()
         complete(base.url, prompts[0], s, s.seed)
         starts = {"spec": spec.start_seconds, "baseline": base.start_seconds}

@@ -210,10 +210,14 @@ def _class_floor(d: Decision, ev: Evidence) -> None:
     )
 
 
+CONTEXT_MIN_PROMPTS = 8  # a floored bucket reached by fewer prompts gives no interval worth holding a floor to
+
+
 def _context_floors(d: Decision, ev: Evidence) -> None:
-    """Each context bucket the profile sets a floor for must be measured and project at least that floor: a
-    drafter that fails on long conversations does not pass on short ones. A bucket no pinned prompt reaches,
-    or a record without context lengths, cannot show it does."""
+    """Each context bucket the profile sets a floor for must be measured on at least CONTEXT_MIN_PROMPTS
+    prompts and project at least that floor at the low end of its interval: a drafter that fails on long
+    conversations does not pass on short ones, nor on one lucky long prompt. A bucket no pinned prompt
+    reaches, or a record without context lengths, cannot show it does."""
     for name, floor in ev.context_floors:
         rule = f"context {name}"
         if ev.contexts is None:
@@ -221,16 +225,22 @@ def _context_floors(d: Decision, ev: Evidence) -> None:
             d.reasons.append(Reason(rule, False, f"context {name}: {why}"))
             continue
         fig = next((c for c in ev.contexts if c.name == name), None)
-        if fig is None:
-            why = f"no pinned prompt reaches this length, so its floor {floor:g}x cannot be checked: pin some that do"
+        if fig is None or fig.prompts < CONTEXT_MIN_PROMPTS:
+            reached = "no pinned prompt reaches" if fig is None else f"only {fig.prompts} pinned prompts reach"
+            why = (
+                f"{reached} this length, so its floor {floor:g}x cannot be checked: pin at least "
+                f"{CONTEXT_MIN_PROMPTS} that do"
+            )
             d.reasons.append(Reason(rule, False, f"context {name}: {why}"))
             continue
+        low = fig.speedup * fig.ci_low / fig.accept_len if fig.accept_len > 0 else 0.0
         d.reasons.append(
             Reason(
                 rule,
-                fig.speedup >= floor,
+                low >= floor,
                 f"context {name} ({fig.prompts} prompts): accept_len {fig.accept_len:.3f} [{fig.ci_low:.3f}, "
-                f"{fig.ci_high:.3f}] projects {fig.speedup:.2f}x plain decoding, floor {floor:g}x",
+                f"{fig.ci_high:.3f}] projects {fig.speedup:.2f}x plain decoding, {low:.2f}x at its interval's "
+                f"low end, floor {floor:g}x",
             )
         )
 

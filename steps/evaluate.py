@@ -41,7 +41,7 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--target", default=str(MINIWORLD / "k2.5-mini"))
     p.add_argument(
         "--dtype", default="auto", help="the target's (and the drafter's) precision, in-process and served (auto: the "
-        "target checkpoint's own, as it is served)",
+        "one the profile's deployment serves it at, else the target checkpoint's own)",
     )  # fmt: skip
     p.add_argument("--data", default="none", help="held-out hidden-state dataset (offline acceptance); optional")
     p.add_argument(
@@ -149,13 +149,15 @@ class Evaluation:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from drafter.target import target_precision
+    from drafter.checkpoint import load_config
+    from drafter.config import check_depth
 
     request = parse(args)
     folder, mv = resolve_model(args.model)
     trained_on = warn_contamination(mv, request.classes)
     require_fit(folder, args.target, f"drafter {args.model} does not fit target {args.target}")
-    request = replace(request, precision=target_precision(args.target, args.dtype))  # "auto" read from its files
+    check_depth(load_config(folder), request.k, "draft steps (--draft_steps or the profile's)")
+    request = replace(request, precision=measuring_precision(request))
     warn_other_target(request)
     evaluation = measure(request, folder, mv)
     evaluation.trained_on = trained_on
@@ -197,6 +199,25 @@ def parse(args: argparse.Namespace) -> Request:
         args, profile, deployment, deployment.binding(), k, temperature, max_new, limit, seed, data, classes, scope,
         engine, endpoint, served, check_precision(args.dtype),
     )  # fmt: skip
+
+
+def measuring_precision(request: Request) -> str:
+    """--dtype as given; auto: the precision the profile's deployment serves its target at (what calibrate
+    served it at, else its own) when this is that target, so the record counts there; else the target's own."""
+    from drafter.fingerprint import target_digest
+    from drafter.target import target_precision
+    from registry.deployment import deployment
+
+    args = request.args
+    if args.dtype != "auto":
+        return args.dtype
+    try:
+        dep = deployment(request.profile)
+        if dep.precision and dep.digest and target_digest(args.target) == dep.digest:
+            return dep.precision
+    except BadInput:
+        pass  # a profile without a deployment target: the target's own, and promote says why where it matters
+    return target_precision(args.target)
 
 
 def warn_other_target(request: Request) -> None:
@@ -262,7 +283,9 @@ def measure(request: Request, folder: Path, mv: Any) -> Evaluation:
     served = serving_engine(request)
     if served is not None:
         served.check_reachable()  # before any decoding: the in-process reference takes minutes
-    dtype = PRECISIONS[request.precision]  # the drafter runs at the target's precision, as an engine serves both
+    # below float32 the engine is held to the project's decoder at float32 (engines/harness.conformance)
+    conform = served is not None and request.reference and not request.endpoint and request.precision != "float32"
+    dtype = PRECISIONS["float32" if conform else request.precision]  # the drafter runs at the target's
     wanted = request.reference or request.data
     target = load_target(args.target, dtype=dtype, progress=args.progress) if wanted else None
     drafter = (
@@ -273,16 +296,35 @@ def measure(request: Request, folder: Path, mv: Any) -> Evaluation:
     if request.records:
         job = Job(Path(folder), Path(args.target), request.records, request.k, request.max_new,
                   request.temperature, request.seed, args.progress)  # fmt: skip
-        engines = [e for e in (InProcess(target, drafter) if request.reference else None, served) if e is not None]
-        for engine in engines:  # each held to the one before it
-            out.measured = engine.measure(job, out.measured)
-            for line in out.measured.warnings(request.binding):
-                print(f"evaluate: warning: {line}")
+        if conform:
+            out.measured = measure_conformed(job, InProcess(target, drafter), served, request.binding)
+        else:
+            engines = [e for e in (InProcess(target, drafter) if request.reference else None, served) if e]
+            for engine in engines:  # each held to the one before it
+                out.measured = engine.measure(job, out.measured)
+                warn(out.measured, request.binding)
         out.metrics.update(out.measured.metrics(request.binding))
     out.metrics["break_even_accept_len"] = break_even_accept_len(request.binding)
     if out.measured is not None:
         measure_classes(request, out)
     return out
+
+
+def warn(measured: Any, binding: Any) -> None:
+    for line in measured.warnings(binding):
+        print(f"evaluate: warning: {line}")
+
+
+def measure_conformed(job: Any, reference_engine: Any, served: Any, binding: Any) -> Any:
+    """A served measurement below float32: the project's decoder at float32, the engine held to it at
+    float32, then the engine measured at the deployment's precision, its own greedy output with and
+    without the drafter still identical."""
+    from dataclasses import replace
+
+    reference = reference_engine.measure(job)
+    warn(reference, binding)
+    agreement = served.conformance(job, reference)
+    return replace(served.measure(job), agreement=agreement, reference=reference, held_at="float32")
 
 
 def measure_offline(request: Request, drafter: Any, out: Evaluation) -> None:
@@ -592,7 +634,7 @@ def evidence_record(request: Request, ev: Evaluation):
         draft_steps=request.k,
         target=str(request.args.target),
         target_digest=target_digest(request.args.target),
-        target_precision=request.precision,
+        target_precision="unknown" if measured.endpoint else request.precision,  # a user's server does not say
         temperature=request.temperature,
         max_new_tokens=request.max_new,
         engine=measured.engine,

@@ -166,3 +166,34 @@ def test_drafter_that_does_not_fit_is_refused_before_decoding(tiny_targets, regi
         registered,
     )
     assert res.returncode == 2 and "does not fit target" in res.stderr and "aux layer ids" in res.stderr
+
+
+def test_auto_precision_is_the_one_the_deployment_serves_its_target_at(tmp_path):
+    """A record counts only at the deployment's precision, so `--dtype auto` measures there: a signed
+    calibration that served the target at float32 (host-vllm's numbers, signed here), the kimi profile at
+    the target's own bf16; another target, or --dtype, keeps its own; host-vllm as shipped is unsigned, so
+    read as hand-written: the target's own."""
+    import re
+    from argparse import Namespace
+    from types import SimpleNamespace
+
+    from drafter.fingerprint import target_digest
+    from serving.profile import load_profile
+    from steps.calibrate import write_profile
+    from steps.evaluate import measuring_precision
+
+    mini = str(ROOT / "miniworld" / "k2.5-mini")
+    text = (ROOT / "configs" / "profiles" / "host-vllm.yaml").read_text()
+    text = re.sub(r"target_digest: [0-9a-f]+", f"target_digest: {target_digest(mini)}", text)  # as on this build
+    write_profile(tmp_path / "cal.yaml", text.replace("target: ../../miniworld/k2.5-mini", f"target: {mini}"))
+
+    def precision(profile: str, dtype: str = "auto", target: str = mini) -> str:
+        return measuring_precision(SimpleNamespace(args=Namespace(dtype=dtype, target=target),
+                                                   profile=load_profile(profile)))  # fmt: skip
+
+    cal = str(tmp_path / "cal.yaml")
+    assert precision(cal) == "float32"
+    assert precision("kimi-k2.5-8xrtxpro6000") == "bfloat16"
+    assert precision(cal, "bfloat16") == "bfloat16"
+    assert precision(cal, target=str(ROOT / "miniworld" / "k2-mini")) == "bfloat16"  # not its target
+    assert precision("host-vllm") == "bfloat16"

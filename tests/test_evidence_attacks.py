@@ -207,6 +207,19 @@ def test_deleting_failing_or_overwriting_the_unfavourable_record_withdraws_nothi
     assert f"evaluation run {worst}" in deciding_run()
 
 
+SHORT_SHARES = {"code": 0.6, "docs": 0.25, "repl": 0.15}
+
+
+def short_workload(kimi) -> str:
+    """The kimi profile's pinned classes without its long-context one (what these attacks are about is
+    evidence, not length; its 16 prompts of 512-896 tokens are the slowest to decode)."""
+    return "".join(
+        f"  - {{name: {c.name}, prompts: {c.prompts}, sha256: {c.sha256}, share: {SHORT_SHARES[c.name]}}}\n"
+        for c in kimi.workload
+        if c.name in SHORT_SHARES
+    )
+
+
 @pytest.fixture(scope="module")
 def candidate_store(small_main_job, tmp_path_factory):
     """A copy of the fast tier's main job's store (its fine-tuned candidate, trained on k2.5-train), with profiles
@@ -219,9 +232,7 @@ def candidate_store(small_main_job, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cherry")
     shutil.copy(src / "mlflow.db", tmp / "mlflow.db")  # artifact locations in it are absolute: shared, read-only here
     kimi = load_profile("kimi-k2.5-8xrtxpro6000")
-    classes = "".join(
-        f"  - {{name: {c.name}, prompts: {c.prompts}, sha256: {c.sha256}, share: {c.share}}}\n" for c in kimi.workload
-    )
+    classes = short_workload(kimi)
     head = "baseline_tps: 10\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\neval_max_new_tokens: 16\n"
     head += f"target: {kimi.target}\n"
     (tmp / "mix.yaml").write_text("name: mix\n" + head + "workload:\n" + classes)
@@ -358,9 +369,7 @@ def test_recertify_rechecks_production_when_the_target_moves_and_demotes_by_the_
     name = "k2.5-mini-eagle3"
     version = str(c.get_model_version_by_alias(name, "candidate").version)
     kimi = load_profile("kimi-k2.5-8xrtxpro6000")
-    classes = "".join(
-        f"  - {{name: {k.name}, prompts: {k.prompts}, sha256: {k.sha256}, share: {k.share}}}\n" for k in kimi.workload
-    )
+    classes = short_workload(kimi)
     mini = Path(kimi.target)
     other = same_shapes_other_weights(mini, tmp_path / "k2.5-mini-next")
 

@@ -51,6 +51,37 @@ def test_padding_is_never_attended():
     assert torch.allclose(a[1][:, :8], b[1][:, :8], atol=1e-5)
 
 
+def _decoding_equals_training(window, k) -> bool:
+    model = tiny_drafter(seed=3, sliding_window=window)
+    ids, aux, _, _ = _batch(model, b=1, t=12, seed=5)
+    n, cache = 7, DraftCache()
+    hidden = model.extend(cache, ids[0, 1 : n + 2], aux[0, : n + 1])
+    tokens, dists = model.propose(cache, hidden[:, -1:], k, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    seq = torch.cat([ids[0, : n + 2], tokens[:-1]])[None]
+    full_aux = torch.cat([aux[:, : n + 1], torch.randn(1, seq.shape[1] - n - 1, aux.shape[-1])], dim=1)
+    steps = model(seq, full_aux, ttt_length=k)
+    return all(
+        torch.allclose(torch.softmax(steps[j][0, n].float(), -1), dists[j][model.t2d], atol=1e-5) for j in range(k)
+    )
+
+
+def test_a_window_the_draft_chain_outreaches_is_refused_where_training_and_decoding_part():
+    """Attack: a sliding window shorter than the draft chain. Training and decoding agree up to window + 1
+    steps and part after; check_depth refuses exactly there."""
+    from common.errors import BadInput
+    from drafter.config import check_depth
+
+    for window, k in [(2, 3), (2, 4), (3, 4), (3, 5)]:
+        agree = _decoding_equals_training(window, k)
+        assert agree == (k <= window + 1), (window, k)
+        cfg = tiny_drafter(sliding_window=window).config
+        if agree:
+            check_depth(cfg, k, "ttt_length")
+        else:
+            with pytest.raises(BadInput, match=f"ttt_length {k} reach past the drafter's sliding_window {window}"):
+                check_depth(cfg, k, "ttt_length")
+
+
 @pytest.mark.parametrize("window", [None, 5])
 def test_decoding_path_matches_the_ttt_training_forward(window):
     """What is trained is what is served: propose()'s draft distributions equal the TTT steps', with

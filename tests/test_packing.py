@@ -139,3 +139,24 @@ def test_a_window_hides_what_lies_beyond_it():
     base = model(ids, aux, ttt_length=1)[0][0, 15]
     assert torch.allclose(model(ids, far, ttt_length=1)[0][0, 15], base, atol=1e-6)
     assert not torch.allclose(model(ids, near, ttt_length=1)[0][0, 15], base, atol=1e-6)
+
+
+def test_a_query_that_may_see_no_key_averages_as_the_eager_softmax_does():
+    """Attack: a row whose every step-0 key is masked (padding everywhere it may look) and no chain key.
+    The eager softmax spreads it evenly over the masked keys; one log-sum-exp (top + log total) rounds to
+    the mask value and summed the values instead. Output and gradients equal the plain formula."""
+    from drafter.ttt_attention import KeyRule, blockwise_ttt_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6, 4, generator=g, requires_grad=True) for _ in range(3))
+    empty = torch.zeros(1, 2, 6, 0, 4)
+    key_ok = torch.tensor([[False, False, True, True, True, True]])  # rows 0 and 1 may see no key
+    rule = KeyRule(torch.arange(6)[None], key_ok)
+    out = blockwise_ttt_attention(q, k, v, empty, empty, rule, 0.5)
+    allowed = (torch.arange(6)[None] <= torch.arange(6)[:, None]) & key_ok
+    scores = (q @ k.transpose(-1, -2) * 0.5).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    expected = torch.softmax(scores, -1) @ v
+    assert torch.allclose(out, expected, atol=1e-6)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    for got, want in zip(grads, torch.autograd.grad(expected.square().sum(), (q, k, v)), strict=True):
+        assert torch.allclose(got, want, atol=1e-5)

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -110,6 +111,27 @@ def test_a_parting_at_a_bf16_near_tie_is_rounding_and_any_other_is_a_bug():
 
     prompt, base, spec = torch.tensor([1, 2]), [7, 3, 4], [7, 5, 4]
     assert divergence_gap(_Tie(torch.bfloat16, 0.05), prompt, base, spec) == pytest.approx(0.05, rel=1e-4)
-    assert divergence_gap(_Tie(torch.bfloat16, 1.0), prompt, base, spec) is None  # 10 x 2^-7 x 8 = 0.625
+    assert divergence_gap(_Tie(torch.bfloat16, 0.4), prompt, base, spec) is None  # 10 x 2^-7 x 4 = 0.3125
     assert divergence_gap(_Tie(torch.float32, 1e-6), prompt, base, spec) is None
     assert divergence_gap(_Tie(torch.bfloat16, 0.05), prompt, base, base[:2]) is None
+
+
+def test_near_ties_on_more_than_a_fifth_of_the_prompts_are_a_bug_not_rounding(monkeypatch):
+    """Attack: a decoder that parts everywhere at small gaps is not rounding; past NEAR_TIE_SHARE of the
+    prompts the in-process engine refuses to report a figure."""
+    from common.errors import InternalError
+    from drafter.evaluation import OnlineResult
+    from engines import inprocess
+    from engines.protocol import Job
+
+    def online(near_ties):
+        return OnlineResult(2, [[1]] * 10, 10, 1.0, 10, 1.0, 0.5, 0.5, near_ties=near_ties, tie_gap=0.03)
+
+    job = Job(Path("."), Path("."), [], 2, 8, 0.0, 0, False)
+    monkeypatch.setattr(inprocess, "evaluate_online", lambda *a: online(2))
+    bf16 = _Tie(torch.bfloat16, 0.0)
+    bf16.model.dtype = torch.bfloat16  # as a transformers model says it
+    assert inprocess.InProcess(bf16, None).measure(job).online.near_ties == 2
+    monkeypatch.setattr(inprocess, "evaluate_online", lambda *a: online(3))
+    with pytest.raises(InternalError, match="near-ties on 3 of 10 prompts"):
+        inprocess.InProcess(bf16, None).measure(job)

@@ -242,13 +242,32 @@ def test_a_drafter_that_fails_long_conversations_does_not_pass_on_short_ones():
     d = decide(_with_contexts((short, long_), floors), "production", "t")
     failed = [r for r in d.reasons if not r.ok]
     assert [r.rule for r in failed] == ["context 512-2k"]
-    assert "accept_len 2.000" in failed[0].detail and "0.81x plain decoding, floor 1x" in failed[0].detail
+    assert "accept_len 2.000" in failed[0].detail and "0.77x at its interval's low end, floor 1x" in failed[0].detail
     assert decide(_with_contexts((short, cls("512-2k", 0.2, 2.6)), floors), "production", "t").allowed
     d = decide(_with_contexts((short,), floors), "production", "t")
     assert [r.detail for r in d.reasons if not r.ok] == [
-        "context 512-2k: no pinned prompt reaches this length, so its floor 1x cannot be checked: pin some that do"
+        "context 512-2k: no pinned prompt reaches this length, so its floor 1x cannot be checked: pin at least 8 "
+        "that do"
     ]
     d = decide(_with_contexts(None, floors), "production", "t")
     assert any("recorded no context lengths" in r.detail for r in d.reasons if not r.ok)
     assert decide(_with_contexts(None, ()), "production", "t").allowed  # no floor: nothing to check
     assert decide(_with_contexts((short, long_), floors), "staging", "t").allowed
+
+
+def test_a_context_floor_holds_at_the_interval_low_end_on_enough_prompts():
+    """Attack: one lucky long prompt, or a bucket whose point estimate clears the floor while its
+    interval does not, must not carry the floor."""
+    from dataclasses import replace
+
+    short, floors = cls("lt512", 0.9, 3.5), (("512-2k", 1.0),)
+    lucky = replace(cls("512-2k", 0.1, 4.0), prompts=1)
+    d = decide(_with_contexts((short, lucky), floors), "production", "t")
+    assert [r.detail for r in d.reasons if not r.ok] == [
+        "context 512-2k: only 1 pinned prompts reach this length, so its floor 1x cannot be checked: pin at least "
+        "8 that do"
+    ]
+    wide = replace(cls("512-2k", 0.1, 2.6), ci_low=2.3)  # 1.06x at the point, 0.93x at the low end
+    d = decide(_with_contexts((short, wide), floors), "production", "t")
+    assert [r.rule for r in d.reasons if not r.ok] == ["context 512-2k"]
+    assert decide(_with_contexts((short, replace(wide, ci_low=2.5)), floors), "production", "t").allowed
