@@ -283,9 +283,11 @@ def measure(request: Request, folder: Path, mv: Any) -> Evaluation:
     served = serving_engine(request)
     if served is not None:
         served.check_reachable()  # before any decoding: the in-process reference takes minutes
-    # below float32 the engine is held to the project's decoder at float32 (engines/harness.conformance)
-    conform = served is not None and request.reference and not request.endpoint and request.precision != "float32"
-    dtype = PRECISIONS["float32" if conform else request.precision]  # the drafter runs at the target's
+    # below float32 a served engine is held to the project's decoder at float32 (engines/harness.conformance);
+    # a user's endpoint, which cannot be asked to serve at float32, is held to it as it serves
+    held = served is not None and request.reference and request.precision != "float32"
+    conform = held and not request.endpoint
+    dtype = PRECISIONS["float32" if held else request.precision]  # the drafter runs at the target's
     wanted = request.reference or request.data
     target = load_target(args.target, dtype=dtype, progress=args.progress) if wanted else None
     drafter = (
@@ -297,7 +299,7 @@ def measure(request: Request, folder: Path, mv: Any) -> Evaluation:
         job = Job(Path(folder), Path(args.target), request.records, request.k, request.max_new,
                   request.temperature, request.seed, args.progress)  # fmt: skip
         if conform:
-            out.measured = measure_conformed(job, InProcess(target, drafter), served, request.binding)
+            out.measured = served.measure_held(job, InProcess(target, drafter).measure(job))
         else:
             engines = [e for e in (InProcess(target, drafter) if request.reference else None, served) if e]
             for engine in engines:  # each held to the one before it
@@ -311,20 +313,9 @@ def measure(request: Request, folder: Path, mv: Any) -> Evaluation:
 
 
 def warn(measured: Any, binding: Any) -> None:
+    """Print what a measurement warns of (a stale host profile, truncated prompts)."""
     for line in measured.warnings(binding):
         print(f"evaluate: warning: {line}")
-
-
-def measure_conformed(job: Any, reference_engine: Any, served: Any, binding: Any) -> Any:
-    """A served measurement below float32: the project's decoder at float32, the engine held to it at
-    float32, then the engine measured at the deployment's precision, its own greedy output with and
-    without the drafter still identical."""
-    from dataclasses import replace
-
-    reference = reference_engine.measure(job)
-    warn(reference, binding)
-    agreement = served.conformance(job, reference)
-    return replace(served.measure(job), agreement=agreement, reference=reference, held_at="float32")
 
 
 def measure_offline(request: Request, drafter: Any, out: Evaluation) -> None:

