@@ -157,8 +157,9 @@ def run(args: argparse.Namespace) -> int:
     trained_on = warn_contamination(mv, request.classes)
     require_fit(folder, args.target, f"drafter {args.model} does not fit target {args.target}")
     check_depth(load_config(folder), request.k, "draft steps (--draft_steps or the profile's)")
-    request = replace(request, precision=measuring_precision(request))
-    warn_other_target(request)
+    dep, digest = deployment_target(request)
+    request = replace(request, precision=measuring_precision(request, dep, digest))
+    warn_other_target(request, dep, digest)
     evaluation = measure(request, folder, mv)
     evaluation.trained_on = trained_on
     publish(request, evaluation)
@@ -201,43 +202,43 @@ def parse(args: argparse.Namespace) -> Request:
     )  # fmt: skip
 
 
-def measuring_precision(request: Request) -> str:
+def deployment_target(request: Request) -> tuple[Any, str]:
+    """The profile's deployment (None when it names no target: promote says why, where it matters) and
+    this evaluation's target digest, read once for the precision and the warning below."""
+    from drafter.fingerprint import target_digest
+    from registry.deployment import deployment
+
+    try:
+        dep = deployment(request.profile)
+        return dep, target_digest(request.args.target) if dep.digest else ""
+    except BadInput:
+        return None, ""
+
+
+def measuring_precision(request: Request, dep: Any, digest: str) -> str:
     """--dtype as given; auto: the precision the profile's deployment serves its target at (what calibrate
     served it at, else its own) when this is that target, so the record counts there; else the target's own."""
-    from drafter.fingerprint import target_digest
     from drafter.target import target_precision
-    from registry.deployment import deployment
 
     args = request.args
     if args.dtype != "auto":
         return args.dtype
-    try:
-        dep = deployment(request.profile)
-        if dep.precision and dep.digest and target_digest(args.target) == dep.digest:
-            return dep.precision
-    except BadInput:
-        pass  # a profile without a deployment target: the target's own, and promote says why where it matters
+    if dep is not None and dep.precision and dep.digest and digest == dep.digest:
+        return dep.precision
     return target_precision(args.target)
 
 
-def warn_other_target(request: Request) -> None:
+def warn_other_target(request: Request, dep: Any, digest: str) -> None:
     """Say at once when the target measured on is not the profile's deployment target: the record will then
     count for no decision on this profile."""
-    from drafter.fingerprint import target_digest
-    from registry.deployment import deployment
-
-    if request.scope != evidence.WORKLOAD:
+    if request.scope != evidence.WORKLOAD or dep is None:
         return
-    try:
-        dep = deployment(request.profile)
-        if dep.digest and target_digest(request.args.target) != dep.digest:
-            print(f"evaluate: warning: {request.args.target} is not {request.profile.name}'s deployment target "
-                  f"({dep.target}): this record will count for no decision on it")  # fmt: skip
-        elif dep.precision and request.precision != dep.precision:
-            print(f"evaluate: warning: the target runs at {request.precision} here; {request.profile.name} serves it "
-                  f"at {dep.precision}: this record will count for no decision on it")  # fmt: skip
-    except BadInput:
-        return  # promote says why, where it matters
+    if dep.digest and digest != dep.digest:
+        print(f"evaluate: warning: {request.args.target} is not {request.profile.name}'s deployment target "
+              f"({dep.target}): this record will count for no decision on it")  # fmt: skip
+    elif dep.precision and request.precision != dep.precision:
+        print(f"evaluate: warning: the target runs at {request.precision} here; {request.profile.name} serves it "
+              f"at {dep.precision}: this record will count for no decision on it")  # fmt: skip
 
 
 def require_evaluator_key(profile: Any) -> None:

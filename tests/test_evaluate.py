@@ -180,7 +180,7 @@ def test_auto_precision_is_the_one_the_deployment_serves_its_target_at(tmp_path)
     from drafter.fingerprint import target_digest
     from serving.profile import load_profile
     from steps.calibrate import write_profile
-    from steps.evaluate import measuring_precision
+    from steps.evaluate import deployment_target, measuring_precision
 
     mini = str(ROOT / "miniworld" / "k2.5-mini")
     text = (ROOT / "configs" / "profiles" / "host-vllm.yaml").read_text()
@@ -188,8 +188,8 @@ def test_auto_precision_is_the_one_the_deployment_serves_its_target_at(tmp_path)
     write_profile(tmp_path / "cal.yaml", text.replace("target: ../../miniworld/k2.5-mini", f"target: {mini}"))
 
     def precision(profile: str, dtype: str = "auto", target: str = mini) -> str:
-        return measuring_precision(SimpleNamespace(args=Namespace(dtype=dtype, target=target),
-                                                   profile=load_profile(profile)))  # fmt: skip
+        request = SimpleNamespace(args=Namespace(dtype=dtype, target=target), profile=load_profile(profile))
+        return measuring_precision(request, *deployment_target(request))
 
     cal = str(tmp_path / "cal.yaml")
     assert precision(cal) == "float32"
