@@ -106,7 +106,7 @@ def specforge(m: dict, samples: list[Sample], api, batch: int, backend: str = "s
             mask = pred_mask_from_loss_mask(b.loss_mask) & b.attention_mask
             specforge_ttt_step(
                 model, opt, api[1], m["ttt"], b.input_ids, b.aux_hidden, b.last_hidden, rows, b.attention_mask,
-                mask, b.target_token, d2t,
+                mask, b.target_token, d2t, backend,
             )  # fmt: skip
 
     return epoch, sum(int(b.input_ids.numel()) for b in batches)

@@ -110,21 +110,32 @@ def specforge_model(m: dict, api, backend: str = "sdpa"):
     return model, torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
 
 
-def specforge_ttt_step(model, opt, padding, ttt, ids, aux, last, rows, attention_mask, pred_mask, target, d2t):
-    """SpecForge's OnlineEagle3Model TTT loop (sdpa backend): embed, backbone with its hidden-state
-    cache, logits, its per-step accuracy metric (`_compute_metric_acc`, as its loop logs it), shift;
-    the soft cross-entropy in plain torch (its Triton loss cannot run on a CPU); backward and AdamW."""
+def specforge_ttt_step(
+    model, opt, padding, ttt, ids, aux, last, rows, attention_mask, pred_mask, target, d2t, backend: str = "sdpa"
+):  # fmt: skip
+    """SpecForge's OnlineEagle3Model TTT loop: embed, backbone with its cache (sdpa: its hidden-state lists and
+    a 4-D mask; flex_attention: a DynamicCache and the 2-D mask, as its model.py hands them), logits, its
+    per-step accuracy metric (`_compute_metric_acc`, as its loop logs it), shift; the soft cross-entropy in
+    plain torch (its Triton loss cannot run on a CPU); backward and AdamW."""
+    from transformers.cache_utils import DynamicCache
+
     target_p = torch.softmax(target_draft_logits(last, rows), dim=-1)
     hidden = model.project_hidden_states(aux)
     b, t = ids.shape
     position_ids = torch.arange(t).unsqueeze(0)
-    attn = model.prepare_decoder_attention_mask(attention_mask.long(), hidden, b, t, 0)
-    cache_hidden = [[], []]
+    if backend == "flex_attention":
+        attn, cache_hidden, past = attention_mask.bool(), None, DynamicCache()
+    else:
+        attn, cache_hidden, past = (
+            model.prepare_decoder_attention_mask(attention_mask.long(), hidden, b, t, 0),
+            [[], []],
+            None,
+        )
     step_ids, tp, pm, step_tgt = ids, target_p, pred_mask.float(), target
     loss = hidden.new_zeros(())
     for idx in range(ttt):
         emb = model.embed_input_ids(step_ids).to(hidden.dtype)
-        hidden = model.backbone(emb, hidden, cache_hidden, attn, position_ids)
+        hidden = model.backbone(emb, hidden, cache_hidden, attn, position_ids, past_key_values=past)
         logits = model.compute_logits(hidden)
         logp = F.log_softmax(logits.float(), dim=-1)
         ce = -(tp * logp).sum(-1)

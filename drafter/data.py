@@ -35,6 +35,7 @@ VERSION = 1
 INDEX = "index.json"
 PARTIAL = "index.partial.json"
 HEAD_FILE = "target_head.safetensors"
+REGENERATED = "regenerated.jsonl"  # make_data --regenerate: the replies the target wrote, captured on
 FIELDS = ("input_ids", "loss_mask", "aux_hidden", "last_hidden", "target_token")
 
 
@@ -56,6 +57,16 @@ class Sample:
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
+
+
+@dataclass
+class CapturedStates:
+    """One prompt's states: aux [T, 3H] (the aux layers' outputs in id order), last [T, H] (after the final
+    norm) and the target's greedy next token at every position [T]."""
+
+    aux_hidden: torch.Tensor
+    last_hidden: torch.Tensor
+    target_token: torch.Tensor
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -88,11 +99,7 @@ class DatasetWriter:
                 )
             check_shards(self.folder, index.get("shards", []))
             raise DatasetComplete(index)
-        own = {PARTIAL, HEAD_FILE}
-        leftovers = [p.name for p in self.folder.iterdir()] if self.folder.exists() else []
-        foreign = [n for n in leftovers if not (n in own or n.endswith(".tmp") or SHARD_NAME.fullmatch(n))]
-        if foreign:
-            raise BadInput(f"{self.folder}: exists and is not a drafterops dataset; refusing to mix")
+        refuse_foreign(self.folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         for tmp in self.folder.glob("*.tmp"):
             tmp.unlink()
@@ -209,6 +216,15 @@ def check_shards(folder: Path, shards: list[dict[str, Any]]) -> None:
             raise BadInput(f"{path}: shard changed since it was written (sha256 differs from index.json)")
 
 
+def refuse_foreign(folder: Path) -> None:
+    """A folder that holds anything but a dataset's own files is not written into."""
+    own = {PARTIAL, HEAD_FILE, REGENERATED}
+    leftovers = [p.name for p in folder.iterdir()] if folder.is_dir() else []
+    foreign = [n for n in leftovers if not (n in own or n.endswith(".tmp") or SHARD_NAME.fullmatch(n))]
+    if foreign:
+        raise BadInput(f"{folder}: exists and is not a drafterops dataset; refusing to mix")
+
+
 def preflight(folder: str | Path) -> None:
     """What can be refused about an output folder before any model is loaded: a file in its place,
     a finished dataset whose record is corrupt or whose shards are gone or changed."""
@@ -217,8 +233,10 @@ def preflight(folder: str | Path) -> None:
         raise BadInput(f"{folder}: --out is a file, not a folder")
     if (folder / INDEX).is_file():
         check_shards(folder, read_json(folder / INDEX).get("shards", []))
-    elif (folder / PARTIAL).is_file():
-        read_json(folder / PARTIAL)
+    else:
+        refuse_foreign(folder)
+        if (folder / PARTIAL).is_file():
+            read_json(folder / PARTIAL)
 
 
 class DatasetComplete(Exception):

@@ -18,6 +18,7 @@ from safetensors import safe_open
 from common.errors import BadInput
 from drafter.checkpoint import read_header, weight_files
 from drafter.config import TargetConfig
+from drafter.data import CapturedStates
 
 HUB_PATTERNS = [
     "config.json",
@@ -61,6 +62,26 @@ def resolve_local(source: str | Path, revision: str | None = None) -> tuple[Path
     return folder, folder.name
 
 
+def check_layer_ids(cfg: TargetConfig, layer_ids: list[int], folder: Path | str) -> None:
+    """Aux layer ids in the project's reading (id i = output of decoder layer i) that the target has."""
+    n = cfg.num_hidden_layers
+    bad = [i for i in layer_ids if not 0 <= i < n]
+    if bad:
+        raise BadInput(
+            f"aux layer ids {bad} out of range for target {folder} with {n} layers "
+            f"(valid ids 0..{n - 1}; id i = output of decoder layer i)"
+        )
+
+
+def load_tokenizer(folder: Path, trust_remote_code: bool = False) -> Any:
+    """The target's tokenizer from its files alone (None where it has none)."""
+    from transformers import AutoTokenizer
+
+    if not any(Path(folder).glob("tokenizer*")):
+        return None
+    return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+
+
 class Target:
     """A causal LM target plus what a drafter needs of it: aux states, final-norm states, head, embedding."""
 
@@ -86,17 +107,20 @@ class Target:
         return self.model.get_output_embeddings().weight
 
     @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def context_length(self) -> int | None:
+        ctx = getattr(self.model.config, "max_position_embeddings", None)
+        return int(ctx) if ctx else None
+
+    @property
     def embedding_weight(self) -> torch.Tensor:
         return self.model.get_input_embeddings().weight
 
     def check_layer_ids(self, layer_ids: list[int]) -> None:
-        n = self.config.num_hidden_layers
-        bad = [i for i in layer_ids if not 0 <= i < n]
-        if bad:
-            raise BadInput(
-                f"aux layer ids {bad} out of range for target {self.folder} with {n} layers "
-                f"(valid ids 0..{n - 1}; id i = output of decoder layer i)"
-            )
+        check_layer_ids(self.config, layer_ids, self.folder)
 
     def set_aux_layers(self, layer_ids: list[int]) -> None:
         """Install output hooks on exactly these decoder layers."""
@@ -134,6 +158,28 @@ class Target:
         aux = torch.cat([self._captured[i] for i in self._layer_ids], dim=-1)
         cache = getattr(out, "cache", None)
         return TargetOutput(out.logits, aux, final["h"], cache if cache is not None else out.past_key_values)
+
+    def capture_states(self, input_ids: list[int]) -> CapturedStates:
+        """One prompt's states for a dataset (drafter.capture.StateSource): aux, final-norm, greedy next tokens."""
+        res = self.forward(torch.tensor([input_ids]))
+        return CapturedStates(res.aux_hidden[0], res.last_hidden[0], res.logits[0].argmax(-1))
+
+    @torch.no_grad()
+    def reply(
+        self, input_ids: list[int], stop: list[int], max_new_tokens: int, temperature: float = 0.0, seed: int = 0
+    ) -> list[int]:
+        """The target's own continuation of a prompt, greedy or sampled at `temperature` (from `seed`), ending
+        at a stop token (included) or after `max_new_tokens` (make_data --regenerate)."""
+        ids = torch.tensor([input_ids])
+        sampling = {"do_sample": False} if temperature == 0 else {"do_sample": True, "temperature": temperature,
+                                                                  "top_k": 0, "top_p": 1.0}  # fmt: skip
+        if temperature:
+            torch.manual_seed(seed)
+        out = self.model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, eos_token_id=stop,
+            pad_token_id=stop[0], **sampling,
+        )  # fmt: skip
+        return out[0, len(input_ids) :].tolist()
 
     @staticmethod
     def crop_cache(cache: Any, length: int) -> None:
@@ -269,7 +315,7 @@ def load_target(
 ) -> Target:
     """Load a target from a folder or hub id, at its own precision unless `dtype` says otherwise
     (a name or torch dtype); multimodal wrappers (Kimi-K2.5) are unwrapped."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     if not progress:
         quiet_loading()
@@ -298,7 +344,5 @@ def load_target(
             raise BadInput(
                 f"{folder}/config.json disagrees with its weights (a tensor's size does not match)"
             ) from None
-    tok = None
-    if tokenizer and any(folder.glob("tokenizer*")):
-        tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    tok = load_tokenizer(folder, trust_remote_code) if tokenizer else None
     return Target(model, cfg, folder, tok)

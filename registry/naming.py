@@ -22,6 +22,7 @@ TAG_SHA256 = "sha256"
 TAG_TRAINED_FOR = "trained_for"
 TAG_PARENT = "parent"
 TAG_DATASET = "dataset_digest"
+TAG_REPLIES = "dataset.replies"  # who wrote the training replies: "as shipped" or the target (make_data --regenerate)
 TAG_GATE = "shape_gate"
 TAG_GATE_TARGET = "shape_gate.target"
 TAG_PROMOTION = "promotion"

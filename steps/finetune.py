@@ -15,10 +15,12 @@ from common.errors import BadInput
 from common.paths import MINIWORLD
 from drafter.memory_plan import GIB
 from drafter.train import TrainConfig
+from registry.naming import TAG_REPLIES
 from steps._cli import log_params, none_if_empty, parser, run_step, step_run
 from steps._inputs import integer
 from tuning.outcome import counted_trials, verdict
 from tuning.recipe import FinetuneRequest
+from tuning.register import replies
 from tuning.space import DEFAULT_BASELINE, DEFAULT_SPACE
 
 
@@ -166,7 +168,12 @@ def publish_setup(args: argparse.Namespace, request: FinetuneRequest, recipe: An
     mlflow.log_dict(plan.to_json(), "memory_plan.json")
     mlflow.log_metrics({"memory_plan_per_rank_gib": plan.per_rank / GIB, "memory_available_gib": plan.available / GIB})
     mlflow.set_tags(
-        {"dataset_digest": recipe.dataset.digest, "optuna.study": recipe.study_name, "optuna.created": recipe.created}
+        {
+            "dataset_digest": recipe.dataset.digest,
+            "optuna.study": recipe.study_name,
+            "optuna.created": recipe.created,
+            TAG_REPLIES: replies(recipe.dataset),
+        }  # fmt: skip
     )
 
 

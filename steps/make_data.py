@@ -1,17 +1,26 @@
-"""`make_data`: capture a target's hidden states for a prompt set into a dataset folder."""
+"""`make_data`: capture a target's hidden states for a prompt set into a dataset folder, in this process
+or (`--engine vllm`) where the target is served."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
+import shlex
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from common.errors import BadInput
 from common.prompt_files import file_digest, read_prompts
-from drafter.capture import bytes_per_token, capture, plan_capture
-from drafter.data import preflight
-from drafter.target import load_target, target_precision
+from drafter.capture import TargetFacts, bytes_per_token, capture, plan_capture
+from drafter.config import TargetConfig
+from drafter.data import INDEX, PARTIAL, REGENERATED, preflight
+from drafter.regenerate import count_changes, regenerate
+from drafter.target import check_layer_ids, load_target, load_tokenizer, resolve_local, target_precision
+from engines.environment import find_python
 from serving.workload import prompt_key
 from steps._cli import log_params, none_if_empty, parser, run_step, step_run
 
@@ -27,6 +36,29 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--layers", default="auto", help="aux layer ids 'a,b,c' (auto: the drafter's)")
     p.add_argument("--shard_tokens", type=int, default=65536, help="tokens per shard")
     p.add_argument("--dtype", default="auto", help="the target's precision (auto: its checkpoint's own)")
+    p.add_argument(
+        "--engine", default="in-process", choices=["in-process", "vllm"],
+        help="where the states come from: the target loaded here, or a vLLM server that serves it",
+    )  # fmt: skip
+    p.add_argument(
+        "--endpoint", default="none", help="a capturing vLLM server you run (its URL) instead of one started here"
+    )
+    p.add_argument(
+        "--engine_python", default="none", help="vLLM's interpreter (none: the env engines.environment made)"
+    )
+    p.add_argument(
+        "--regenerate", action="store_true",
+        help="the target writes the assistant turns first (greedy, or at --temperature), then capture runs on them",
+    )  # fmt: skip
+    p.add_argument("--max_new_tokens", type=int, default=256, help="--regenerate: the longest reply")
+    p.add_argument(
+        "--temperature", default="0", help="--regenerate: 0 greedy, a number, or a profile name (its eval_temperature)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="--regenerate: the sampling seed (request i uses seed + i)")
+    p.add_argument(
+        "--print_server_command", action="store_true",
+        help="print the capturing vLLM server's command for this target and these layers, and exit",
+    )  # fmt: skip
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 
@@ -43,14 +75,36 @@ def parse_layers(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     layers, drafter_ref, drafter_cfg, records = parse(args)
+    folder, cfg = checked_target(args, layers, drafter_cfg)
+    if args.print_server_command:
+        print(shlex.join(capture_server_command(args, cfg, layers)))
+        return 0
     preflight(args.out)
-    target, plan, meta = prepare(args, layers, drafter_cfg, records)
-    with step_run("make_data", run_name=f"make_data {Path(args.out).name}"):
-        log_params({"target": args.target, "prompts": args.prompts, "out": args.out, "layers": layers,
-                    "max_len": args.max_len, "limit": args.limit, "drafter": drafter_ref or ""})  # fmt: skip
-        start = time.perf_counter()
-        index = capture(target, plan, args.out, layers, meta, shard_tokens=args.shard_tokens, progress=args.progress)
-        publish(args, index, time.perf_counter() - start)
+    out = Path(args.out)
+    if args.regenerate and not (out / REGENERATED).is_file() and any((out / f).is_file() for f in (INDEX, PARTIAL)):
+        raise BadInput(f"{out}: holds a capture of the shipped replies; --regenerate needs another --out")
+    facts = TargetFacts(folder, load_tokenizer(folder), cfg.hidden_size, context_of(cfg))
+    plan = plan_capture(facts, records, args.max_len)  # bad prompts fail before any model or server starts
+    print(
+        f"make_data: {len(plan.prompts)} samples, {plan.num_tokens} tokens x {bytes_per_token(cfg.hidden_size)} "
+        f"B/token = {plan.estimated_bytes / 2**20:.1f} MiB estimated; layers {layers}"
+        + (f"; {plan.truncated} prompts cut to {args.max_len} tokens" if plan.truncated else "")
+    )
+    with source_of(args, facts, layers) as target:
+        regen = None
+        if args.regenerate:
+            records, regen = regenerated(args, target, facts, records)
+            plan = plan_capture(facts, records, args.max_len)
+        meta = dataset_meta(args, target, layers, records, regen)
+        with step_run("make_data", run_name=f"make_data {Path(args.out).name}"):
+            log_params({"target": args.target, "prompts": args.prompts, "out": args.out, "layers": layers,
+                        "max_len": args.max_len, "limit": args.limit, "drafter": drafter_ref or "",
+                        "engine": args.engine, "endpoint": none_if_empty(args.endpoint) or ""})  # fmt: skip
+            start = time.perf_counter()
+            index = capture(
+                target, plan, args.out, layers, meta, shard_tokens=args.shard_tokens, progress=args.progress
+            )
+            publish(args, index, time.perf_counter() - start, target)
     print(
         f"make_data: wrote {index['num_samples']} samples / {index['num_tokens']} tokens to {args.out} "
         f"(digest {index['digest'][:12]})"
@@ -61,8 +115,11 @@ def run(args: argparse.Namespace) -> int:
 def parse(args: argparse.Namespace) -> tuple[list[int], str | None, Any, list[dict]]:
     """(aux layers to capture, the drafter named and its config, the prompt records): the layers from --layers,
     else the drafter's config."""
-    if args.max_len < 2 or args.limit < 0 or args.shard_tokens < 1:
-        raise BadInput("--max_len must be >= 2, --limit >= 0, --shard_tokens >= 1")
+    if args.max_len < 2 or args.limit < 0 or args.shard_tokens < 1 or args.max_new_tokens < 1:
+        raise BadInput("--max_len must be >= 2, --limit >= 0, --shard_tokens >= 1, --max_new_tokens >= 1")
+    args.regen_temperature = regen_temperature(args.temperature)
+    if none_if_empty(args.endpoint) and args.engine == "in-process":
+        raise BadInput("--endpoint needs --engine vllm")
     drafter_ref = none_if_empty(args.drafter)
     drafter_cfg = None
     if drafter_ref:
@@ -78,38 +135,130 @@ def parse(args: argparse.Namespace) -> tuple[list[int], str | None, Any, list[di
     return layers, drafter_ref, drafter_cfg, read_prompts(args.prompts, args.limit or None)
 
 
-def prepare(args: argparse.Namespace, layers: list[int], drafter_cfg: Any, records: list[dict]):
-    """The target loaded and checked against the layers and the drafter, the capture planned (and announced),
-    and the dataset's meta (what contamination and evidence are checked by)."""
-    target = load_target(args.target, dtype=target_precision(args.target, args.dtype), progress=args.progress)
-    target.check_layer_ids(layers)
-    h = target.config.hidden_size
-    if drafter_cfg is not None and drafter_cfg.target_hidden != h:
+def regen_temperature(text: str) -> float:
+    """--temperature as a number, or a profile's eval_temperature."""
+    try:
+        value = float(text)
+    except ValueError:
+        from serving.profile import load_profile
+
+        return float(load_profile(text).eval_temperature)
+    if not value >= 0 or value == float("inf"):
+        raise BadInput(f"--temperature must be >= 0 and finite, got {text!r}")
+    return value
+
+
+def checked_target(args: argparse.Namespace, layers: list[int], drafter_cfg: Any) -> tuple[Path, TargetConfig]:
+    """The target's folder and config, the layers in its range and its width the drafter's: from the config
+    alone, before any model or server starts."""
+    folder, _ = resolve_local(args.target)
+    cfg = TargetConfig.from_file(folder)
+    check_layer_ids(cfg, layers, folder)
+    if drafter_cfg is not None and drafter_cfg.target_hidden != cfg.hidden_size:
         raise BadInput(
-            f"target hidden size {h} does not fit the drafter's fc input "
+            f"target hidden size {cfg.hidden_size} does not fit the drafter's fc input "
             f"{3 * drafter_cfg.target_hidden} / 3 = {drafter_cfg.target_hidden}"
         )
-    plan = plan_capture(target, records, args.max_len)
-    print(
-        f"make_data: {len(plan.prompts)} samples, {plan.num_tokens} tokens x {bytes_per_token(h)} B/token "
-        f"= {plan.estimated_bytes / 2**20:.1f} MiB estimated; layers {layers}"
-        + (f"; {plan.truncated} prompts cut to {args.max_len} tokens" if plan.truncated else "")
-    )
+    return folder, cfg
+
+
+def context_of(cfg: TargetConfig) -> int | None:
+    ctx = cfg.text_config.get("max_position_embeddings")
+    return int(ctx) if ctx else None
+
+
+@contextlib.contextmanager
+def source_of(args: argparse.Namespace, facts: TargetFacts, layers: list[int]) -> Iterator[Any]:
+    """Where the states come from: the target loaded here, or a vLLM server serving it (started for the
+    capture, or the user's --endpoint)."""
+    dtype = target_precision(args.target, args.dtype)
+    if args.engine == "in-process":
+        target = load_target(facts.folder, dtype=dtype, progress=args.progress, tokenizer=False)
+        target.tokenizer = facts.tokenizer
+        yield target
+        return
+    from engines.capture import served_capture
+
+    python = none_if_empty(args.engine_python)
+    with served_capture(
+        facts.folder, layers, dtype, args.max_len, facts.tokenizer, facts.context_length,
+        python=find_python("vllm", python) if python else None, endpoint=none_if_empty(args.endpoint),
+    ) as served:  # fmt: skip
+        print(f"make_data: states from {served.url}")
+        yield served
+
+
+def capture_server_command(args: argparse.Namespace, cfg: TargetConfig, layers: list[int]) -> list[str]:
+    """The server `--engine vllm` starts, for a target served elsewhere (`--print_server_command`): on a GPU,
+    with vLLM's own connector, writing to a storage this machine must share."""
+    from engines.capture import served_layer_ids, server_command
+
+    handed = served_layer_ids(layers, cfg.num_hidden_layers)
+    model_len = min(args.max_len + 1, context_of(cfg) or args.max_len + 1)
+    return server_command(
+        "python", args.target, 8000, handed, Path("/shared/drafterops-capture"),
+        target_precision(args.target, args.dtype), model_len, cuda=True,
+    )  # fmt: skip
+
+
+def regenerated(args: argparse.Namespace, target: Any, facts: TargetFacts, records: list[dict]):
+    """The records with every assistant turn the target's own, written once to <out>/regenerated.jsonl (a resumed
+    capture reads them back, so it captures the same replies), and what changed against the shipped ones."""
+    path = Path(args.out) / REGENERATED
+    if path.is_file():
+        written = read_prompts(str(path))
+        if len(written) != len(records):
+            raise BadInput(f"{path}: holds {len(written)} records, the prompts {len(records)}; choose another --out")
+        turns, changed, records_changed = count_changes(records, written)
+    else:
+        temperature, seed, n = args.regen_temperature, args.seed, args.max_new_tokens
+        calls = iter(range(10**9))
+
+        def write(ids: list[int], stop: list[int]) -> list[int]:
+            return target.reply(ids, stop, n, temperature, seed + next(calls))
+
+        done = regenerate(records, facts.tokenizer, write, n, progress=args.progress)
+        written, turns, changed, records_changed = done.records, done.turns, done.changed, done.records_changed
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in written))
+        os.replace(tmp, path)
+    print(f"make_data: the target wrote {turns} assistant turns; {changed} differ from the shipped ones")
+    info = {"by": captured_by(args, target), "temperature": args.regen_temperature, "max_new_tokens":
+            args.max_new_tokens, "seed": args.seed, "turns": turns, "changed": changed,
+            "records_changed": records_changed, "sha256": file_digest(str(path))}  # fmt: skip
+    return written, info
+
+
+def dataset_meta(
+    args: argparse.Namespace, target: Any, layers: list[int], records: list[dict], regen: dict | None = None
+) -> dict:
+    """What contamination and evidence are checked by, where the states came from, and who wrote the replies."""
     meta = {
         "target": str(args.target),
         "layer_ids": layers,
-        "hidden_size": h,
-        "vocab_size": target.config.vocab_size,
+        "hidden_size": target.hidden_size,
+        "vocab_size": int(target.lm_head_weight.shape[0]),
         "prompts_sha256": file_digest(args.prompts),
         "prompt_keys": sorted({prompt_key(r) for r in records}),  # what contamination is checked by
         "max_len": args.max_len,
         "limit": args.limit,
-        "target_precision": str(target.model.dtype).removeprefix("torch."),
+        "target_precision": target_precision(args.target, args.dtype),
+        "captured_by": captured_by(args, target),
     }
-    return target, plan, meta
+    if regen is not None:
+        meta["regenerated"] = regen
+    return meta
 
 
-def publish(args: argparse.Namespace, index: dict, seconds: float) -> None:
+def captured_by(args: argparse.Namespace, source: Any) -> str:
+    """Where the states came from, for the dataset's meta: in-process, or the vLLM server and its URL."""
+    if args.engine == "in-process":
+        return "in-process"
+    return f"vllm {'endpoint ' + source.url if source.endpoint else 'server started by make_data'}"
+
+
+def publish(args: argparse.Namespace, index: dict, seconds: float, source: Any) -> None:
     """The dataset on the run: its size and speed, an MLflow dataset input, its index, its digest."""
     import mlflow
     from mlflow.data.dataset_source_registry import resolve_dataset_source
@@ -122,6 +271,8 @@ def publish(args: argparse.Namespace, index: dict, seconds: float) -> None:
             "capture_tokens_per_s": index["num_tokens"] / max(seconds, 1e-9),
         }
     )
+    if getattr(source, "agreement", None):  # a served capture: its head check, pooled
+        mlflow.log_metric("capture_head_agreement", source.head_agreement)
     out = Path(args.out).resolve()
     dataset = MetaDataset(resolve_dataset_source(str(out)), name=out.name, digest=index["digest"][:36])
     mlflow.log_input(dataset, context="hidden_states")

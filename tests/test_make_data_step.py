@@ -108,3 +108,96 @@ def test_make_data_layers_from_a_drafter_and_bad_inputs(tiny_targets, tmp_path, 
     # an existing, different dataset is never mixed into
     res = run([*base, "--out", str(tmp_path / "ok"), "--layers", "0,1,2"], tmp_path)
     assert res.returncode == 2 and "already holds a different dataset" in res.stderr
+
+
+def test_engine_capture_bad_inputs_are_refused_before_any_server(tiny_targets, tmp_path):
+    """--engine vllm checks the layers, the endpoint's reachability and the chat template from files alone:
+    exit 2, one line, nothing written, and no vLLM environment needed to say so."""
+    import shutil
+
+    prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS[:2])
+    base = ["--target", str(tiny_targets[0]), "--prompts", str(prompts), "--no-progress", "--engine", "vllm"]
+
+    def refused(extra, message, target=None):
+        out = tmp_path / "refused"
+        args = [*base, "--out", str(out), *extra]
+        if target is not None:
+            args[1] = str(target)
+        res = run(args, tmp_path)
+        assert res.returncode == 2, res.stderr
+        assert message in res.stderr and "Traceback" not in res.stderr, res.stderr
+        assert not out.exists()
+
+    refused(["--layers", "0,1,7"], "aux layer ids [7] out of range")
+    from tests.helpers.servers import free_port
+
+    refused(["--layers", "0,1,2", "--endpoint", f"http://127.0.0.1:{free_port()}"], "not an OpenAI-compatible server")
+    no_template = tmp_path / "no-template"
+    shutil.copytree(tiny_targets[0], no_template)
+    for f in no_template.glob("chat_template*"):
+        f.unlink()
+    cfg_path = no_template / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.pop("chat_template", None)
+    cfg_path.write_text(json.dumps(cfg))
+    refused(["--layers", "0,1,2", "--endpoint", "http://127.0.0.1:9"], "has no chat template", target=no_template)
+    res = run([*base[:-2], "--out", str(tmp_path / "x"), "--layers", "0,1,2", "--endpoint", "http://x"], tmp_path)
+    assert res.returncode == 2 and "--endpoint needs --engine vllm" in res.stderr
+
+
+def test_print_server_command_names_the_capture_in_vllms_reading(tiny_targets, tmp_path):
+    """The server a team starts where the target is served: vLLM's capture method, its own connector (GPU),
+    the drafter's ids handed as vLLM reads them (i + 1) and the last layer's output."""
+    import shlex
+
+    prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS[:2])
+    args = ["--target", str(tiny_targets[0]), "--prompts", str(prompts), "--out", str(tmp_path / "o"),
+            "--layers", "0,1,2", "--engine", "vllm", "--print_server_command"]  # fmt: skip
+    res = run(args, tmp_path)
+    assert res.returncode == 0, res.stderr
+    cmd = shlex.split(res.stdout.strip().splitlines()[-1])
+    spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
+    kv = json.loads(cmd[cmd.index("--kv-transfer-config") + 1])
+    assert spec["method"] == "extract_hidden_states"
+    layers = spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"]
+    n = json.loads((tiny_targets[0] / "config.json").read_text())["num_hidden_layers"]
+    assert layers == [1, 2, 3, n]
+    assert kv["kv_connector"] == "ExampleHiddenStatesConnector" and kv["kv_role"] == "kv_producer"
+    assert not (tmp_path / "o").exists()
+
+
+def test_regenerate_captures_the_targets_own_replies_and_records_it(tiny_targets, tmp_path):
+    """--regenerate: every assistant turn is the target's own greedy reply (its end-of-turn token from the chat
+    template), written once beside the shards so a rerun captures the same replies; the meta says so."""
+    from drafter.regenerate import end_of_turn_ids
+    from drafter.target import load_tokenizer
+
+    prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS[:3])
+    base = ["--target", str(tiny_targets[0]), "--prompts", str(prompts), "--layers", "0,1,2", "--no-progress"]
+    out = tmp_path / "regen"
+    res = run([*base, "--out", str(out), "--regenerate", "--max_new_tokens", "6"], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    index = json.loads((out / "index.json").read_text())
+    regen = index["meta"]["regenerated"]
+    assert regen["turns"] == 2 and regen["temperature"] == 0.0 and regen["by"] == "in-process"  # and one text
+    written = [json.loads(line) for line in (out / "regenerated.jsonl").read_text().splitlines()]
+    shipped = [json.loads(line) for line in prompts.read_text().splitlines()]
+    assert [m for m in written[0]["messages"] if m["role"] == "user"] == [
+        m for m in shipped[0]["messages"] if m["role"] == "user"
+    ]
+    tok = load_tokenizer(tiny_targets[0])
+    stop = end_of_turn_ids(tok)
+    assert written[1] == shipped[1]  # plain text has no turns to write
+    stop_text = [tok.decode([t]) for t in stop]
+    for rec in (written[0], written[2]):  # the end-of-turn token ends a reply; it is not part of it
+        assert not any(t and t in rec["messages"][-1]["content"] for t in stop_text)
+    assert regen["changed"] == sum(
+        written[i]["messages"][-1]["content"] != shipped[i]["messages"][-1]["content"] for i in (0, 2)
+    )
+    again = run([*base, "--out", str(out), "--regenerate", "--max_new_tokens", "6"], tmp_path)
+    assert again.returncode == 0 and json.loads((out / "index.json").read_text())["digest"] == index["digest"]
+    plain = tmp_path / "plain"
+    assert run([*base, "--out", str(plain)], tmp_path).returncode == 0
+    res = run([*base, "--out", str(plain), "--regenerate"], tmp_path)
+    assert res.returncode == 2 and "holds a capture of the shipped replies" in res.stderr
+    assert not (plain / "regenerated.jsonl").exists()

@@ -1,0 +1,378 @@
+"""Hidden states from where the target is served (`make_data --engine vllm`): a 1T-parameter target never
+loads in this process, so its states come from the vLLM server that runs it.
+
+vLLM 0.32 captures with its `extract_hidden_states` speculative method: the layers named in
+`eagle_aux_hidden_state_layer_ids` (vLLM's reading: id i is the *input* of layer i, so the drafter's
+ids are handed as i + 1, drafter/aux_layers.py; id == num_layers is the last layer's output before the
+final norm) go into a cache-only KV layer, and a KV connector writes each finished request's states to
+`<shared_storage_path>/<request>.safetensors` (`hidden_states [T, layers, H]`, `token_ids [T]`),
+naming the file in the response's `kv_transfer_params`. On a GPU that is vLLM's own
+`ExampleHiddenStatesConnector`; on vLLM-CPU, whose example connector copies on a CUDA stream, the
+project's synchronous subclass (engines/vllm_site/drafterops_capture.py).
+
+Per prompt (max_tokens 1, greedy): the aux states as they are, the last layer's output through the
+target's final RMSNorm (its weight read from the target's files) for `last_hidden`, and the target's
+greedy next token at every position from the engine's own `prompt_logprobs` (rank 1) plus the one
+token it generated. Each prompt is checked against the target's files: the server must return the
+tokens that were sent, and the head read from the files applied to the captured final state must
+predict the engine's own tokens; a server serving another model, or capturing another layer as the
+last, fails that check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from common.errors import BadInput, InternalError
+from drafter.aux_layers import handed_ids
+from drafter.checkpoint import read_header
+from drafter.config import TargetConfig
+from drafter.data import CapturedStates
+
+SERVED_NAME = "target"
+CPU_CONNECTOR = ("HostHiddenStatesConnector", "drafterops_capture")
+GPU_CONNECTOR = (
+    "ExampleHiddenStatesConnector",
+    "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+)
+CHECK_POSITIONS = 32  # positions per prompt where the files' head is held to the engine's own next token
+MIN_HEAD_AGREEMENT = 0.9  # per prompt: bf16 near-ties may part a few; another model or layer parts most
+MAX_LOGPROB_GAP = 0.05  # nats, median over the checked positions (measured: see docs/engines.md)
+
+
+def served_layer_ids(project_ids: list[int], num_layers: int) -> list[int]:
+    """What vLLM is handed: the aux layers in its convention, then the last layer's output."""
+    return [*handed_ids(project_ids, "vllm"), num_layers]
+
+
+def capture_configs(layers: list[int], storage: Path, cuda: bool) -> tuple[dict, dict]:
+    """(--speculative-config, --kv-transfer-config) for a capturing vLLM server."""
+    connector, module = GPU_CONNECTOR if cuda else CPU_CONNECTOR
+    spec = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layers)}},
+    }
+    kv = {
+        "kv_connector": connector,
+        "kv_connector_module_path": module,
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": str(storage)},
+    }
+    return spec, kv
+
+
+def server_command(
+    python: Path | str, model: Path | str, port: int, layers: list[int], storage: Path, dtype: str, max_model_len: int,
+    cuda: bool = False, tensor_parallel: int = 1,
+) -> list[str]:  # fmt: skip
+    """The capturing server: vLLM's OpenAI server with the capture method and connector, no prefix caching
+    (each request's states are its own), eager on a CPU."""
+    spec, kv = capture_configs(layers, storage, cuda)
+    cmd = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--served-model-name", SERVED_NAME,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", "0",
+        "--generation-config", "vllm", "--no-enable-prefix-caching",
+        "--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(kv),
+    ]  # fmt: skip
+    if tensor_parallel > 1:
+        cmd += ["--tensor-parallel-size", str(tensor_parallel)]
+    if not cuda:
+        cmd.append("--enforce-eager")
+    return cmd
+
+
+class TargetFiles:
+    """The few tensors capture needs from the target's own safetensors, each read alone by name:
+    the lm_head, the input embedding and the final norm (never the model)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.config = TargetConfig.from_file(self.folder)
+        self.header = read_header(self.folder)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        info = self.header.get(name)
+        if info is None:
+            raise BadInput(f"{self.folder}: no tensor '{name}' in its weight files")
+        with safe_open(str(self.folder / info.file), framework="pt") as fh:
+            return fh.get_tensor(name)
+
+    @cached_property
+    def lm_head(self) -> torch.Tensor:
+        name = self.config.lm_head_name
+        if name not in self.header and self.config.text_config.get("tie_word_embeddings"):
+            name = self.config.embedding_name
+        return self.tensor(name)
+
+    @cached_property
+    def embedding(self) -> torch.Tensor:
+        return self.tensor(self.config.embedding_name)
+
+    @cached_property
+    def final_norm(self) -> torch.Tensor:
+        return self.tensor(f"{self.config.weight_prefix}model.norm.weight")
+
+    @property
+    def norm_eps(self) -> float:
+        return float(self.config.text_config.get("rms_norm_eps", 1e-6))
+
+    def normed(self, last_layer_out: torch.Tensor) -> torch.Tensor:
+        """The final RMSNorm as the target computes it (float32, then the states' dtype)."""
+        x = last_layer_out.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.norm_eps)
+        return (self.final_norm.float() * x).to(last_layer_out.dtype)
+
+
+@dataclass
+class ServedStates:
+    """A capturing vLLM server as a drafter.capture.StateSource."""
+
+    url: str
+    files: TargetFiles
+    tokenizer: Any
+    context_length: int | None
+    endpoint: bool = False  # a server the user runs (its checks fail as bad input, not internal errors)
+    timeout_s: float = 600.0
+    agreement: list[tuple[int, int]] = field(default_factory=list)  # (agreeing, checked) per prompt
+    logprob_gaps: list[float] = field(default_factory=list)  # per prompt: median |ours - engine's| at rank 1
+    seconds: float = 0.0  # spent waiting on the server
+
+    @property
+    def folder(self) -> Path:
+        return self.files.folder
+
+    @property
+    def hidden_size(self) -> int:
+        return self.files.config.hidden_size
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.files.lm_head
+
+    @property
+    def embedding_weight(self) -> torch.Tensor:
+        return self.files.embedding
+
+    def set_aux_layers(self, layer_ids: list[int]) -> None:
+        n = self.files.config.num_hidden_layers
+        bad = [i for i in layer_ids if not 0 <= i < n]
+        if bad:
+            raise BadInput(f"aux layer ids {bad} out of range for target {self.folder} with {n} layers")
+        self.layers = list(layer_ids)
+
+    def _fault(self, message: str) -> Exception:
+        return BadInput(f"{self.url}: {message}") if self.endpoint else InternalError(f"{self.url}: {message}")
+
+    def capture_states(self, input_ids: list[int]) -> CapturedStates:
+        t0 = time.perf_counter()
+        response = self._complete(input_ids)
+        path = (response.get("kv_transfer_params") or {}).get("hidden_states_path")
+        if not path:
+            raise BadInput(
+                f"{self.url}: the server returns no hidden states (no kv_transfer_params.hidden_states_path): "
+                "serve the target with --speculative-config method extract_hidden_states and a hidden-states "
+                "connector (`make_data --print_server_command`)"
+            )
+        stored = read_states(Path(path), self.timeout_s)
+        self.seconds += time.perf_counter() - t0
+        return self._states(input_ids, response, stored)
+
+    def reply(
+        self, input_ids: list[int], stop: list[int], max_new_tokens: int, temperature: float = 0.0, seed: int = 0
+    ) -> list[int]:
+        """The served target's own continuation (make_data --regenerate); the states it captured on the way
+        are let go."""
+        body = {"max_tokens": max_new_tokens, "temperature": temperature, "seed": seed, "stop_token_ids": stop}
+        response = self._complete(input_ids, body)
+        path = (response.get("kv_transfer_params") or {}).get("hidden_states_path")
+        if path:
+            read_states(Path(path), self.timeout_s)
+        try:
+            return [int(t) for t in response["choices"][0]["token_ids"]]
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise self._fault("a reply without token ids") from None
+
+    def _complete(self, input_ids: list[int], overrides: dict | None = None) -> dict:
+        body = {
+            "model": SERVED_NAME, "prompt": input_ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1,
+            "return_token_ids": True, "skip_special_tokens": False, **(overrides or {}),
+        }  # fmt: skip
+        if overrides:
+            body.pop("prompt_logprobs")
+        req = urllib.request.Request(
+            f"{self.url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:200]
+            raise BadInput(f"{self.url}: refused a capture request (HTTP {exc.code}: {detail})") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise BadInput(f"{self.url}: no answer to a capture request ({exc.__class__.__name__}: {exc})") from None
+
+    def _states(self, input_ids: list[int], response: dict, stored: dict[str, torch.Tensor]) -> CapturedStates:
+        ids = torch.tensor(input_ids)
+        sent_back = stored.get("token_ids")
+        if sent_back is None or not torch.equal(sent_back.long(), ids):
+            raise self._fault("the captured states are for other tokens than the prompt sent")
+        hs = stored["hidden_states"]
+        want = len(self.layers) + 1
+        if hs.dim() != 3 or tuple(hs.shape) != (len(input_ids), want, self.hidden_size):
+            raise BadInput(
+                f"{self.url}: captured states of shape {list(hs.shape)}, expected [{len(input_ids)}, {want}, "
+                f"{self.hidden_size}] (the drafter's {len(self.layers)} aux layers and the last, at the target's "
+                "width): is the server capturing this target's layers?"
+            )
+        aux = hs[:, :-1].reshape(len(input_ids), -1)
+        last = self.files.normed(hs[:, -1])
+        target_token, top_logprob = engine_next_tokens(response, len(input_ids))
+        self._check_head(last, target_token, top_logprob)
+        return CapturedStates(aux, last, target_token)
+
+    def _check_head(self, last: torch.Tensor, target_token: torch.Tensor, top_logprob: torch.Tensor) -> None:
+        """The files' head on the captured final state gives the engine's own next tokens, at the engine's own
+        log-probabilities: a sibling model (a fine-tune of the same base) may share most argmaxes, not the values."""
+        n = last.shape[0] - 1  # the generated token's log-probability is not reported
+        pos = torch.linspace(0, n - 1, min(n, CHECK_POSITIONS)).round().long().unique() if n > 0 else torch.tensor([0])
+        logp = torch.log_softmax(last[pos].float() @ self.files.lm_head.float().T, dim=-1)
+        ours = logp.argmax(-1)
+        agree = int((ours == target_token[pos]).sum())
+        gap = float((logp.gather(-1, target_token[pos, None])[:, 0] - top_logprob[pos]).abs().median()) if n else 0.0
+        self.agreement.append((agree, len(pos)))
+        self.logprob_gaps.append(gap)
+        if agree < MIN_HEAD_AGREEMENT * len(pos) or gap > MAX_LOGPROB_GAP:
+            raise self._fault(
+                f"not serving this target ({self.folder}): its head on the captured last-layer states gives the "
+                f"engine's next token at {agree} of {len(pos)} positions, log-probabilities {gap:.3f} apart "
+                f"(median; at most {MAX_LOGPROB_GAP}): the server runs another model, or captures another layer "
+                "as the last"
+            )
+
+    @property
+    def head_agreement(self) -> float:
+        agree, checked = (sum(x) for x in zip(*self.agreement, strict=True)) if self.agreement else (0, 0)
+        return agree / checked if checked else 0.0
+
+
+def engine_next_tokens(response: dict, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The engine's greedy next token at each of `length` prompt positions (rank 1 of `prompt_logprobs` at
+    position t + 1, and the generated token after the last) and its log-probability (NaN after the last)."""
+    try:
+        choice = response["choices"][0]
+        logprobs = choice["prompt_logprobs"]
+        generated = choice["token_ids"]
+        if not isinstance(logprobs, list) or len(logprobs) != length or not generated:
+            raise ValueError("prompt_logprobs or token_ids missing or of the wrong length")
+        tokens, values = [], []
+        for entry in logprobs[1:]:
+            top = [(int(tok), float(info["logprob"])) for tok, info in entry.items() if info.get("rank") == 1]
+            if not top:
+                raise ValueError("a position without a rank-1 token")
+            tokens.append(top[0][0])
+            values.append(top[0][1])
+        tokens.append(int(generated[0]))
+        values.append(float("nan"))
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        raise BadInput(f"the capture server's reply lacks the target's next tokens ({exc})") from None
+    return torch.tensor(tokens), torch.tensor(values)
+
+
+def read_states(path: Path, timeout_s: float) -> dict[str, torch.Tensor]:
+    """The connector's file, once its writer lets go of the lock beside it; both removed after reading.
+    The path is where the server wrote it: the server's storage must be this machine's too."""
+    lock = Path(f"{path}.lock")
+    deadline = time.monotonic() + timeout_s
+    while not lock.exists() and not path.exists():
+        if time.monotonic() > deadline:
+            raise BadInput(f"{path}: the server's hidden-states file never appeared here (is its storage shared?)")
+        time.sleep(0.01)
+    if lock.exists():
+        with lock.open() as fh:
+            while True:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise InternalError(f"{path}: the server never finished writing it") from None
+                    time.sleep(0.005)
+    try:
+        states = load_file(str(path))
+    except (OSError, RuntimeError) as exc:
+        raise InternalError(f"{path}: unreadable hidden states ({exc.__class__.__name__}: {exc})") from None
+    for leftover in (path, lock):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(leftover)
+    return states
+
+
+def check_capture_endpoint(url: str) -> None:
+    """A user's server: OpenAI-compatible and serving under the name the requests use."""
+    try:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as r:
+            models = json.loads(r.read())
+        names = [m.get("id") for m in models.get("data", [])]
+    except (urllib.error.URLError, OSError, ValueError, AttributeError) as exc:
+        raise BadInput(f"{url}: not an OpenAI-compatible server ({exc.__class__.__name__}: {exc})"[:200]) from None
+    if SERVED_NAME not in names:
+        raise BadInput(f"{url}: serves {names}, not '{SERVED_NAME}' (start it with --served-model-name {SERVED_NAME})")
+
+
+@contextlib.contextmanager
+def served_capture(
+    target: Path, layers: list[int], dtype: str, max_len: int, tokenizer: Any, context_length: int | None,
+    python: Path | None = None, endpoint: str | None = None, log_dir: Path | None = None,
+    start_timeout_s: float = 300.0,
+):  # fmt: skip
+    """A ServedStates for the target: on the user's `endpoint`, or on a vLLM server started here for the
+    capture (the target as vLLM loads it, engines/target_view) and stopped when the block ends."""
+    files = TargetFiles(target)
+    if endpoint:
+        url = endpoint.rstrip("/")
+        check_capture_endpoint(url)
+        yield ServedStates(url, files, tokenizer, context_length, endpoint=True)
+        return
+    from engines.environment import engine_version, engines_home, find_python, views_dir
+    from engines.server import on_loopback
+    from engines.target_view import engine_view
+    from engines.vllm import server_env
+
+    python = python or find_python("vllm")
+    version = engine_version(python)
+    cpu = "cpu" in version
+    view = engine_view(target, views_dir())
+    handed = served_layer_ids(layers, files.config.num_hidden_layers)
+    storage = Path(tempfile.mkdtemp(prefix="drafterops-capture-"))
+    log = (log_dir or engines_home() / "logs") / f"vllm-capture-{os.getpid()}.log"
+    model_len = min(max_len + 1, context_length or max_len + 1)
+
+    def command(port: int) -> list[str]:
+        return server_command(python, view, port, handed, storage, dtype, model_len, cuda=not cpu)
+
+    server = on_loopback(f"vLLM ({version}, capture)", command, server_env(cpu), log, start_timeout_s)
+    try:
+        server.start()
+        yield ServedStates(server.url, files, tokenizer, context_length)
+    finally:
+        server.stop()
+        shutil.rmtree(storage, ignore_errors=True)
