@@ -103,6 +103,8 @@ def capture(
     failpoints.hit("capture:after_head")
     start = writer.done_samples
     todo = plan.prompts[start:]
+    if hasattr(target, "expect"):  # a served target takes the prompts ahead, to batch them
+        target.expect([p.input_ids for p in todo])
     bar = tqdm(
         total=sum(len(p.input_ids) for p in todo), unit="tok", desc="capture", disable=not progress, unit_scale=True
     )

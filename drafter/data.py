@@ -218,7 +218,7 @@ def check_shards(folder: Path, shards: list[dict[str, Any]]) -> None:
 
 def refuse_foreign(folder: Path) -> None:
     """A folder that holds anything but a dataset's own files is not written into."""
-    own = {PARTIAL, HEAD_FILE, REGENERATED}
+    own = {PARTIAL, HEAD_FILE, REGENERATED, REGENERATED.replace(".jsonl", ".json")}
     leftovers = [p.name for p in folder.iterdir()] if folder.is_dir() else []
     foreign = [n for n in leftovers if not (n in own or n.endswith(".tmp") or SHARD_NAME.fullmatch(n))]
     if foreign:

@@ -67,9 +67,11 @@ def count_changes(shipped: list[dict[str, Any]], written: list[dict[str, Any]]) 
 
 
 def regenerate(
-    records: list[dict[str, Any]], tokenizer: Any, write: Writer, max_new_tokens: int, progress: bool = True
-) -> Regenerated:
-    """Every assistant turn rewritten by `write`, in order; what changed counted."""
+    records: list[dict[str, Any]], tokenizer: Any, write: Writer, max_new_tokens: int, max_prompt: int | None = None,
+    progress: bool = True,
+) -> Regenerated:  # fmt: skip
+    """Every assistant turn rewritten by `write`, in order; what changed counted. A turn whose conversation
+    so far already holds `max_prompt` tokens (capture cuts there) and the turns after it are kept as shipped."""
     stop = end_of_turn_ids(tokenizer)
     out = []
     todo = sum(1 for r in records for m in r.get("messages", []) if m.get("role") == "assistant")
@@ -79,12 +81,17 @@ def regenerate(
             out.append(rec)
             continue
         messages: list[dict[str, Any]] = []
+        past_cut = False
         for msg in rec["messages"]:
-            if msg.get("role") != "assistant":
+            if msg.get("role") != "assistant" or past_cut:
                 messages.append(dict(msg))
                 continue
             prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+            if max_prompt is not None and len(ids) >= max_prompt:
+                past_cut = True
+                messages.append(dict(msg))
+                continue
             reply = until_stop(write(ids, stop), stop)[:max_new_tokens]
             messages.append({**msg, "content": tokenizer.decode(reply, skip_special_tokens=True)})
             bar.update(1)

@@ -25,18 +25,21 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from common.errors import BadInput, InternalError
@@ -51,6 +54,10 @@ GPU_CONNECTOR = (
     "ExampleHiddenStatesConnector",
     "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
 )
+# a server's generation config (`--generation-config auto`) would apply the model's own penalties and cuts
+NEUTRAL_SAMPLING = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "top_p": 1.0,
+                    "top_k": -1, "min_p": 0.0}  # fmt: skip
+STATES_NAME = re.compile(r"[A-Za-z0-9_.-]+\.safetensors")  # the connector's `<request id>.safetensors`
 CHECK_POSITIONS = 32  # positions per prompt where the files' head is held to the engine's own next token
 MIN_HEAD_AGREEMENT = 0.9  # per prompt: bf16 near-ties may part a few; another model or layer parts most
 MAX_LOGPROB_GAP = 0.05  # nats, median over the checked positions (measured: see docs/engines.md)
@@ -119,7 +126,8 @@ class TargetFiles:
     @cached_property
     def lm_head(self) -> torch.Tensor:
         name = self.config.lm_head_name
-        if name not in self.header and self.config.text_config.get("tie_word_embeddings"):
+        tied = self.config.text_config.get("tie_word_embeddings", self.config.raw.get("tie_word_embeddings", True))
+        if name not in self.header and tied:
             name = self.config.embedding_name
         return self.tensor(name)
 
@@ -150,11 +158,17 @@ class ServedStates:
     files: TargetFiles
     tokenizer: Any
     context_length: int | None
+    layers: list[int] = field(default_factory=list)  # the drafter's aux ids, the project's reading
+    storage: Path | None = None  # the server's shared_storage_path as this machine sees it: states come only from here
     endpoint: bool = False  # a server the user runs (its checks fail as bad input, not internal errors)
     timeout_s: float = 600.0
     agreement: list[tuple[int, int]] = field(default_factory=list)  # (agreeing, checked) per prompt
     logprob_gaps: list[float] = field(default_factory=list)  # per prompt: median |ours - engine's| at rank 1
-    seconds: float = 0.0  # spent waiting on the server
+    concurrency: int = 8  # requests in flight: the server batches them, as it batches any traffic
+    _upcoming: deque = field(default_factory=deque)
+    _in_flight: deque = field(default_factory=deque)  # (prompt ids, Future of (response, stored states))
+    _pool: ThreadPoolExecutor | None = None
+    _closed: bool = False
 
     @property
     def folder(self) -> Path:
@@ -182,8 +196,46 @@ class ServedStates:
     def _fault(self, message: str) -> Exception:
         return BadInput(f"{self.url}: {message}") if self.endpoint else InternalError(f"{self.url}: {message}")
 
+    def preflight(self, input_ids: list[int]) -> None:
+        """One prompt through every check before anything is written: a server that cannot give this target's
+        states is refused with the output folder untouched."""
+        _ = self.files.embedding  # the head file's second tensor, read before anything is written
+        self.capture_states(input_ids)
+        self.agreement.clear()
+        self.logprob_gaps.clear()
+
+    def expect(self, prompts: list[list[int]]) -> None:
+        """The prompts capture will ask for, in order: up to `concurrency` of them are sent ahead, so the server
+        runs them together; their states are still taken (and checked, and written) in order."""
+        self._upcoming = deque(prompts)
+        self._pool = self._pool or ThreadPoolExecutor(self.concurrency, thread_name_prefix="capture")
+        self._send_ahead()
+
+    def _send_ahead(self) -> None:
+        while self._upcoming and len(self._in_flight) < self.concurrency:
+            ids = self._upcoming.popleft()
+            self._in_flight.append((ids, self._pool.submit(self._fetch, ids)))
+
+    def close(self) -> None:
+        """Requests still in flight are dropped (the server is stopped, or the capture failed)."""
+        self._closed = True  # a request waiting on its states file gives up
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        self._in_flight.clear()
+        self._upcoming.clear()
+
     def capture_states(self, input_ids: list[int]) -> CapturedStates:
-        t0 = time.perf_counter()
+        if self._in_flight and self._in_flight[0][0] == input_ids:
+            _, ahead = self._in_flight.popleft()
+            self._send_ahead()
+            response, stored = ahead.result()
+        else:
+            response, stored = self._fetch(input_ids)
+        return self._states(input_ids, response, stored)
+
+    def _fetch(self, input_ids: list[int]) -> tuple[dict, dict[str, torch.Tensor]]:
+        """One prompt through the server: its reply and the states file the connector wrote."""
         response = self._complete(input_ids)
         path = (response.get("kv_transfer_params") or {}).get("hidden_states_path")
         if not path:
@@ -192,9 +244,19 @@ class ServedStates:
                 "serve the target with --speculative-config method extract_hidden_states and a hidden-states "
                 "connector (`make_data --print_server_command`)"
             )
-        stored = read_states(Path(path), self.timeout_s)
-        self.seconds += time.perf_counter() - t0
-        return self._states(input_ids, response, stored)
+        return response, read_states(self._states_file(path), self.timeout_s, lambda: self._closed)
+
+    def _states_file(self, named: object) -> Path:
+        """The file a reply names, only where the server's storage is (it is read, then deleted): a plain
+        `<name>.safetensors` directly in `storage`, no link."""
+        path = Path(str(named))
+        ok = (
+            isinstance(named, str) and self.storage is not None and STATES_NAME.fullmatch(path.name) is not None
+            and path.parent.resolve() == self.storage.resolve() and not path.is_symlink()
+        )  # fmt: skip
+        if not ok:
+            raise self._fault(f"names a states file {str(named)[:120]!r} outside its storage {self.storage}")
+        return path
 
     def reply(
         self, input_ids: list[int], stop: list[int], max_new_tokens: int, temperature: float = 0.0, seed: int = 0
@@ -205,7 +267,7 @@ class ServedStates:
         response = self._complete(input_ids, body)
         path = (response.get("kv_transfer_params") or {}).get("hidden_states_path")
         if path:
-            read_states(Path(path), self.timeout_s)
+            read_states(self._states_file(path), self.timeout_s, lambda: self._closed)
         try:
             return [int(t) for t in response["choices"][0]["token_ids"]]
         except (KeyError, IndexError, TypeError, ValueError):
@@ -214,7 +276,7 @@ class ServedStates:
     def _complete(self, input_ids: list[int], overrides: dict | None = None) -> dict:
         body = {
             "model": SERVED_NAME, "prompt": input_ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1,
-            "return_token_ids": True, "skip_special_tokens": False, **(overrides or {}),
+            "return_token_ids": True, "skip_special_tokens": False, **NEUTRAL_SAMPLING, **(overrides or {}),
         }  # fmt: skip
         if overrides:
             body.pop("prompt_logprobs")
@@ -226,16 +288,18 @@ class ServedStates:
                 return json.loads(r.read())
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:200]
-            raise BadInput(f"{self.url}: refused a capture request (HTTP {exc.code}: {detail})") from None
+            raise self._fault(f"refused a capture request (HTTP {exc.code}: {detail})") from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise BadInput(f"{self.url}: no answer to a capture request ({exc.__class__.__name__}: {exc})") from None
+            raise self._fault(f"no answer to a capture request ({exc.__class__.__name__}: {exc})") from None
 
     def _states(self, input_ids: list[int], response: dict, stored: dict[str, torch.Tensor]) -> CapturedStates:
         ids = torch.tensor(input_ids)
         sent_back = stored.get("token_ids")
         if sent_back is None or not torch.equal(sent_back.long(), ids):
             raise self._fault("the captured states are for other tokens than the prompt sent")
-        hs = stored["hidden_states"]
+        hs = stored.get("hidden_states")
+        if hs is None:
+            raise self._fault("its states file holds no 'hidden_states'")
         want = len(self.layers) + 1
         if hs.dim() != 3 or tuple(hs.shape) != (len(input_ids), want, self.hidden_size):
             raise BadInput(
@@ -245,7 +309,7 @@ class ServedStates:
             )
         aux = hs[:, :-1].reshape(len(input_ids), -1)
         last = self.files.normed(hs[:, -1])
-        target_token, top_logprob = engine_next_tokens(response, len(input_ids))
+        target_token, top_logprob = engine_next_tokens(response, len(input_ids), self.files.config.vocab_size)
         self._check_head(last, target_token, top_logprob)
         return CapturedStates(aux, last, target_token)
 
@@ -274,7 +338,7 @@ class ServedStates:
         return agree / checked if checked else 0.0
 
 
-def engine_next_tokens(response: dict, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+def engine_next_tokens(response: dict, length: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The engine's greedy next token at each of `length` prompt positions (rank 1 of `prompt_logprobs` at
     position t + 1, and the generated token after the last) and its log-probability (NaN after the last)."""
     try:
@@ -292,17 +356,21 @@ def engine_next_tokens(response: dict, length: int) -> tuple[torch.Tensor, torch
             values.append(top[0][1])
         tokens.append(int(generated[0]))
         values.append(float("nan"))
+        if any(not 0 <= t < vocab for t in tokens):
+            raise ValueError(f"a token id outside the target's vocabulary of {vocab}")
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         raise BadInput(f"the capture server's reply lacks the target's next tokens ({exc})") from None
     return torch.tensor(tokens), torch.tensor(values)
 
 
-def read_states(path: Path, timeout_s: float) -> dict[str, torch.Tensor]:
+def read_states(path: Path, timeout_s: float, cancelled=lambda: False) -> dict[str, torch.Tensor]:
     """The connector's file, once its writer lets go of the lock beside it; both removed after reading.
     The path is where the server wrote it: the server's storage must be this machine's too."""
     lock = Path(f"{path}.lock")
     deadline = time.monotonic() + timeout_s
     while not lock.exists() and not path.exists():
+        if cancelled():
+            raise InternalError(f"{path}: capture stopped while waiting for it")
         if time.monotonic() > deadline:
             raise BadInput(f"{path}: the server's hidden-states file never appeared here (is its storage shared?)")
         time.sleep(0.01)
@@ -313,12 +381,14 @@ def read_states(path: Path, timeout_s: float) -> dict[str, torch.Tensor]:
                     fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
+                    if cancelled():
+                        raise InternalError(f"{path}: capture stopped while waiting for it") from None
                     if time.monotonic() > deadline:
                         raise InternalError(f"{path}: the server never finished writing it") from None
                     time.sleep(0.005)
     try:
         states = load_file(str(path))
-    except (OSError, RuntimeError) as exc:
+    except (OSError, RuntimeError, SafetensorError) as exc:
         raise InternalError(f"{path}: unreadable hidden states ({exc.__class__.__name__}: {exc})") from None
     for leftover in (path, lock):
         with contextlib.suppress(FileNotFoundError):
@@ -336,21 +406,31 @@ def check_capture_endpoint(url: str) -> None:
         raise BadInput(f"{url}: not an OpenAI-compatible server ({exc.__class__.__name__}: {exc})"[:200]) from None
     if SERVED_NAME not in names:
         raise BadInput(f"{url}: serves {names}, not '{SERVED_NAME}' (start it with --served-model-name {SERVED_NAME})")
+    entry = next(m for m in models["data"] if m.get("id") == SERVED_NAME)
+    if entry.get("parent"):
+        raise BadInput(f"{url}: '{SERVED_NAME}' is an adapter on {entry['parent']}, not the target itself")
 
 
 @contextlib.contextmanager
 def served_capture(
     target: Path, layers: list[int], dtype: str, max_len: int, tokenizer: Any, context_length: int | None,
     python: Path | None = None, endpoint: str | None = None, log_dir: Path | None = None,
-    start_timeout_s: float = 300.0,
+    start_timeout_s: float = 300.0, storage: Path | None = None,
 ):  # fmt: skip
     """A ServedStates for the target: on the user's `endpoint`, or on a vLLM server started here for the
     capture (the target as vLLM loads it, engines/target_view) and stopped when the block ends."""
     files = TargetFiles(target)
     if endpoint:
         url = endpoint.rstrip("/")
+        if storage is None or not Path(storage).is_dir():
+            where = storage or "none"
+            raise BadInput(f"--capture_dir {where}: the folder the endpoint's connector writes to, as mounted here")
         check_capture_endpoint(url)
-        yield ServedStates(url, files, tokenizer, context_length, endpoint=True)
+        served = ServedStates(url, files, tokenizer, context_length, list(layers), Path(storage), endpoint=True)
+        try:
+            yield served
+        finally:
+            served.close()
         return
     from engines.environment import engine_version, engines_home, find_python, views_dir
     from engines.server import on_loopback
@@ -364,15 +444,17 @@ def served_capture(
     handed = served_layer_ids(layers, files.config.num_hidden_layers)
     storage = Path(tempfile.mkdtemp(prefix="drafterops-capture-"))
     log = (log_dir or engines_home() / "logs") / f"vllm-capture-{os.getpid()}.log"
-    model_len = min(max_len + 1, context_length or max_len + 1)
+    model_len = min(max_len + 1, context_length or max_len + 1)  # max_len: the longest prompt and reply together
 
     def command(port: int) -> list[str]:
         return server_command(python, view, port, handed, storage, dtype, model_len, cuda=not cpu)
 
     server = on_loopback(f"vLLM ({version}, capture)", command, server_env(cpu), log, start_timeout_s)
+    served = ServedStates(server.url, files, tokenizer, context_length, list(layers), storage)
     try:
         server.start()
-        yield ServedStates(server.url, files, tokenizer, context_length)
+        yield served
     finally:
-        server.stop()
+        server.stop()  # first: requests still in flight then fail at once
+        served.close()
         shutil.rmtree(storage, ignore_errors=True)

@@ -44,6 +44,9 @@ def build() -> argparse.ArgumentParser:
         "--endpoint", default="none", help="a capturing vLLM server you run (its URL) instead of one started here"
     )
     p.add_argument(
+        "--capture_dir", default="none", help="--endpoint: the folder its connector writes states to, as mounted here"
+    )
+    p.add_argument(
         "--engine_python", default="none", help="vLLM's interpreter (none: the env engines.environment made)"
     )
     p.add_argument(
@@ -91,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
         + (f"; {plan.truncated} prompts cut to {args.max_len} tokens" if plan.truncated else "")
     )
     with source_of(args, facts, layers) as target:
+        if hasattr(target, "preflight"):  # a server: its first prompt checked before anything is written
+            target.preflight(plan.prompts[0].input_ids)
         regen = None
         if args.regenerate:
             records, regen = regenerated(args, target, facts, records)
@@ -180,9 +185,12 @@ def source_of(args: argparse.Namespace, facts: TargetFacts, layers: list[int]) -
     from engines.capture import served_capture
 
     python = none_if_empty(args.engine_python)
+    longest = args.max_len + (args.max_new_tokens if args.regenerate else 0)  # a prompt, or one being answered
+    capture_dir = none_if_empty(args.capture_dir)
     with served_capture(
-        facts.folder, layers, dtype, args.max_len, facts.tokenizer, facts.context_length,
+        facts.folder, layers, dtype, longest, facts.tokenizer, facts.context_length,
         python=find_python("vllm", python) if python else None, endpoint=none_if_empty(args.endpoint),
+        storage=Path(capture_dir) if capture_dir else None,
     ) as served:  # fmt: skip
         print(f"make_data: states from {served.url}")
         yield served
@@ -202,14 +210,23 @@ def capture_server_command(args: argparse.Namespace, cfg: TargetConfig, layers: 
 
 
 def regenerated(args: argparse.Namespace, target: Any, facts: TargetFacts, records: list[dict]):
-    """The records with every assistant turn the target's own, written once to <out>/regenerated.jsonl (a resumed
-    capture reads them back, so it captures the same replies), and what changed against the shipped ones."""
+    """The records with every assistant turn the target's own, written once to <out>/regenerated.jsonl with its
+    settings beside it (a resumed capture reads them back, so it captures the same replies, and refuses them
+    if anything they were written under differs), and what changed against the shipped ones."""
     path = Path(args.out) / REGENERATED
+    settings = {"prompts_sha256": file_digest(args.prompts), "limit": args.limit, "max_len": args.max_len,
+                "by": captured_by(args, target), "temperature": args.regen_temperature,
+                "max_new_tokens": args.max_new_tokens, "seed": args.seed}  # fmt: skip
+    sidecar = path.with_suffix(".json")
     if path.is_file():
-        written = read_prompts(str(path))
-        if len(written) != len(records):
-            raise BadInput(f"{path}: holds {len(written)} records, the prompts {len(records)}; choose another --out")
-        turns, changed, records_changed = count_changes(records, written)
+        try:
+            before = json.loads(sidecar.read_text())
+            written = read_prompts(str(path))
+            turns, changed, records_changed = count_changes(records, written)
+        except (OSError, ValueError, BadInput):
+            raise BadInput(f"{path}: unreadable or not these prompts' replies; choose another --out") from None
+        if before != settings:
+            raise BadInput(f"{path}: was written under other settings ({before}); choose another --out")
     else:
         temperature, seed, n = args.regen_temperature, args.seed, args.max_new_tokens
         calls = iter(range(10**9))
@@ -217,16 +234,17 @@ def regenerated(args: argparse.Namespace, target: Any, facts: TargetFacts, recor
         def write(ids: list[int], stop: list[int]) -> list[int]:
             return target.reply(ids, stop, n, temperature, seed + next(calls))
 
-        done = regenerate(records, facts.tokenizer, write, n, progress=args.progress)
+        done = regenerate(records, facts.tokenizer, write, n, max_prompt=args.max_len, progress=args.progress)
         written, turns, changed, records_changed = done.records, done.turns, done.changed, done.records_changed
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in written))
-        os.replace(tmp, path)
+        for dest, text in ((sidecar, json.dumps(settings) + "\n"),
+                           (path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in written))):  # fmt: skip
+            tmp = dest.with_suffix(".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, dest)
     print(f"make_data: the target wrote {turns} assistant turns; {changed} differ from the shipped ones")
-    info = {"by": captured_by(args, target), "temperature": args.regen_temperature, "max_new_tokens":
-            args.max_new_tokens, "seed": args.seed, "turns": turns, "changed": changed,
-            "records_changed": records_changed, "sha256": file_digest(str(path))}  # fmt: skip
+    info = {**settings, "turns": turns, "changed": changed, "records_changed": records_changed,
+            "sha256": file_digest(str(path))}  # fmt: skip
     return written, info
 
 

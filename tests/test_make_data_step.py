@@ -131,7 +131,9 @@ def test_engine_capture_bad_inputs_are_refused_before_any_server(tiny_targets, t
     refused(["--layers", "0,1,7"], "aux layer ids [7] out of range")
     from tests.helpers.servers import free_port
 
-    refused(["--layers", "0,1,2", "--endpoint", f"http://127.0.0.1:{free_port()}"], "not an OpenAI-compatible server")
+    refused(["--layers", "0,1,2", "--endpoint", "http://127.0.0.1:9"], "--capture_dir none: the folder")
+    gone = ["--capture_dir", str(tmp_path), "--endpoint", f"http://127.0.0.1:{free_port()}"]
+    refused(["--layers", "0,1,2", *gone], "not an OpenAI-compatible server")
     no_template = tmp_path / "no-template"
     shutil.copytree(tiny_targets[0], no_template)
     for f in no_template.glob("chat_template*"):

@@ -23,6 +23,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
     PendingSave,
     extract_from_kv_cache,
 )
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
 
 
 class _Done:
@@ -43,14 +46,16 @@ class HostHiddenStatesConnector(ExampleHiddenStatesConnector):
         blocks = torch.tensor(pending.block_ids, dtype=torch.long)
         slots = (torch.arange(self._block_size).reshape(1, -1) + blocks.reshape(-1, 1) * self._block_size).flatten()
         num_tokens = pending.token_ids.shape[0]
-        states = extract_from_kv_cache(self._kv_cache, slots, num_tokens).clone()
-        os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
         lock_fd = self._lock_fds.pop(pending.req_id, None)
         try:
+            states = extract_from_kv_cache(self._kv_cache, slots, num_tokens).clone()
+            os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
             tmp = pending.filename + ".partial"
             save_file({"hidden_states": states, "token_ids": pending.token_ids.clone()}, tmp)
             os.replace(tmp, pending.filename)
+        except Exception as exc:  # as vLLM's own connector: a failed write is logged, the engine keeps serving
+            logger.error("Hidden-states write failed for req_id=%s: %r", pending.req_id, exc)
         finally:
             if lock_fd is not None:
-                os.close(lock_fd)  # releases LOCK_EX: a client waiting on the lock reads a whole file
+                os.close(lock_fd)  # releases LOCK_EX: a client waiting on the lock reads a whole file (or none)
         self._req_copy_events[pending.req_id] = _Done()
