@@ -68,6 +68,7 @@ def measure(args: argparse.Namespace, profile: Any, limit: int, max_len: int) ->
     from common.prompt_files import read_prompts
     from drafter.capture import capture_records
     from drafter.checkpoint import load_drafter
+    from drafter.config import check_depth
     from drafter.data import HiddenStateDataset
     from drafter.probe import compare, verdict
     from drafter.train import attach_target_embedding, check_fit, offline_stats
@@ -82,6 +83,7 @@ def measure(args: argparse.Namespace, profile: Any, limit: int, max_len: int) ->
         records = read_prompts(args.prompts, limit or None)
     folder, mv = resolve_model(args.drafter)
     drafter = load_drafter(folder)
+    check_depth(drafter.config, k, "the profile's draft steps")  # a window the chain outreaches drafts otherwise
     layers = list(drafter.config.aux_layer_ids)
     zero_shot, datasets = {}, {}
     with tempfile.TemporaryDirectory(prefix="drafterops-probe-") as tmp:
