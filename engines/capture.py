@@ -150,25 +150,11 @@ class TargetFiles:
         return (self.final_norm.float() * x).to(last_layer_out.dtype)
 
 
-@dataclass
-class ServedStates:
-    """A capturing vLLM server as a drafter.capture.StateSource."""
+class FilesBackedSource:
+    """The target's facts a StateSource serves from its files (header, head, embedding), never a loaded model."""
 
-    url: str
     files: TargetFiles
-    tokenizer: Any
-    context_length: int | None
-    layers: list[int] = field(default_factory=list)  # the drafter's aux ids, the project's reading
-    storage: Path | None = None  # the server's shared_storage_path as this machine sees it: states come only from here
-    endpoint: bool = False  # a server the user runs (its checks fail as bad input, not internal errors)
-    timeout_s: float = 600.0
-    agreement: list[tuple[int, int]] = field(default_factory=list)  # (agreeing, checked) per prompt
-    logprob_gaps: list[float] = field(default_factory=list)  # per prompt: median |ours - engine's| at rank 1
-    concurrency: int = 8  # requests in flight: the server batches them, as it batches any traffic
-    _upcoming: deque = field(default_factory=deque)
-    _in_flight: deque = field(default_factory=deque)  # (prompt ids, Future of (response, stored states))
-    _pool: ThreadPoolExecutor | None = None
-    _closed: bool = False
+    layers: list[int]
 
     @property
     def folder(self) -> Path:
@@ -193,14 +179,35 @@ class ServedStates:
             raise BadInput(f"aux layer ids {bad} out of range for target {self.folder} with {n} layers")
         self.layers = list(layer_ids)
 
+
+@dataclass
+class ServedStates(FilesBackedSource):
+    """A capturing vLLM server as a drafter.capture.StateSource."""
+
+    url: str
+    files: TargetFiles
+    tokenizer: Any
+    context_length: int | None
+    layers: list[int] = field(default_factory=list)  # the drafter's aux ids, the project's reading
+    storage: Path | None = None  # the server's shared_storage_path as this machine sees it: states come only from here
+    endpoint: bool = False  # a server the user runs (its checks fail as bad input, not internal errors)
+    timeout_s: float = 600.0
+    agreement: list[tuple[int, int]] = field(default_factory=list)  # (agreeing, checked) per prompt
+    logprob_gaps: list[float] = field(default_factory=list)  # per prompt: median |ours - engine's| at rank 1
+    concurrency: int = 8  # requests in flight: the server batches them, as it batches any traffic
+    _upcoming: deque = field(default_factory=deque)
+    _in_flight: deque = field(default_factory=deque)  # (prompt ids, Future of (response, stored states))
+    _pool: ThreadPoolExecutor | None = None
+    _closed: bool = False
+
     def _fault(self, message: str) -> Exception:
         return BadInput(f"{self.url}: {message}") if self.endpoint else InternalError(f"{self.url}: {message}")
 
-    def preflight(self, input_ids: list[int]) -> None:
-        """One prompt through every check before anything is written: a server that cannot give this target's
-        states is refused with the output folder untouched."""
+    def preflight(self, prompts: list[list[int]]) -> None:
+        """The first prompt through every check before anything is written: a server that cannot give this
+        target's states is refused with the output folder untouched."""
         _ = self.files.embedding  # the head file's second tensor, read before anything is written
-        self.capture_states(input_ids)
+        self.capture_states(prompts[0])
         self.agreement.clear()
         self.logprob_gaps.clear()
 

@@ -37,8 +37,9 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--shard_tokens", type=int, default=65536, help="tokens per shard")
     p.add_argument("--dtype", default="auto", help="the target's precision (auto: its checkpoint's own)")
     p.add_argument(
-        "--engine", default="in-process", choices=["in-process", "vllm"],
-        help="where the states come from: the target loaded here, or a vLLM server that serves it",
+        "--engine", default="in-process", choices=["in-process", "vllm", "sglang"],
+        help="where the states come from: the target loaded here, a vLLM server that serves it, or SpecForge's "
+        "capture on SGLang (a GPU machine)",
     )  # fmt: skip
     p.add_argument(
         "--endpoint", default="none", help="a capturing vLLM server you run (its URL) instead of one started here"
@@ -49,6 +50,11 @@ def build() -> argparse.ArgumentParser:
     p.add_argument(
         "--engine_python", default="none", help="vLLM's interpreter (none: the env engines.environment made)"
     )
+    p.add_argument("--specforge", default="none", help="--engine sglang: a SpecForge checkout (its capture script)")
+    p.add_argument(
+        "--chat_template", default="none", help="--engine sglang: SpecForge's name for the target's template"
+    )
+    p.add_argument("--tensor_parallel", type=int, default=1, help="--engine sglang: ranks the target is split over")
     p.add_argument(
         "--regenerate", action="store_true",
         help="the target writes the assistant turns first (greedy, or at --temperature), then capture runs on them",
@@ -93,9 +99,9 @@ def run(args: argparse.Namespace) -> int:
         f"B/token = {plan.estimated_bytes / 2**20:.1f} MiB estimated; layers {layers}"
         + (f"; {plan.truncated} prompts cut to {args.max_len} tokens" if plan.truncated else "")
     )
-    with source_of(args, facts, layers) as target:
-        if hasattr(target, "preflight"):  # a server: its first prompt checked before anything is written
-            target.preflight(plan.prompts[0].input_ids)
+    with source_of(args, facts, layers, records) as target:
+        if hasattr(target, "preflight"):  # an engine: checked before anything is written
+            target.preflight([p.input_ids for p in plan.prompts])
         regen = None
         if args.regenerate:
             records, regen = regenerated(args, target, facts, records)
@@ -123,8 +129,13 @@ def parse(args: argparse.Namespace) -> tuple[list[int], str | None, Any, list[di
     if args.max_len < 2 or args.limit < 0 or args.shard_tokens < 1 or args.max_new_tokens < 1:
         raise BadInput("--max_len must be >= 2, --limit >= 0, --shard_tokens >= 1, --max_new_tokens >= 1")
     args.regen_temperature = regen_temperature(args.temperature)
-    if none_if_empty(args.endpoint) and args.engine == "in-process":
+    if none_if_empty(args.endpoint) and args.engine != "vllm":
         raise BadInput("--endpoint needs --engine vllm")
+    if args.engine == "sglang" and (args.regenerate or not none_if_empty(args.specforge)
+                                    or not none_if_empty(args.chat_template) or args.tensor_parallel < 1):  # fmt: skip
+        raise BadInput(
+            "--engine sglang needs --specforge, --chat_template and --tensor_parallel >= 1, without --regenerate"
+        )
     drafter_ref = none_if_empty(args.drafter)
     drafter_cfg = None
     if drafter_ref:
@@ -173,7 +184,9 @@ def context_of(cfg: TargetConfig) -> int | None:
 
 
 @contextlib.contextmanager
-def source_of(args: argparse.Namespace, facts: TargetFacts, layers: list[int]) -> Iterator[Any]:
+def source_of(
+    args: argparse.Namespace, facts: TargetFacts, layers: list[int], records: list[dict] | None = None
+) -> Iterator[Any]:
     """Where the states come from: the target loaded here, or a vLLM server serving it (started for the
     capture, or the user's --endpoint)."""
     dtype = target_precision(args.target, args.dtype)
@@ -182,9 +195,18 @@ def source_of(args: argparse.Namespace, facts: TargetFacts, layers: list[int]) -
         target.tokenizer = facts.tokenizer
         yield target
         return
+    python = none_if_empty(args.engine_python)
+    if args.engine == "sglang":
+        from engines.capture_sglang import specforge_capture
+
+        with specforge_capture(
+            facts.folder, layers, args.max_len, facts.tokenizer, facts.context_length, records,
+            find_python("sglang", python), Path(args.specforge), args.chat_template, args.tensor_parallel,
+        ) as states:  # fmt: skip
+            yield states
+        return
     from engines.capture import served_capture
 
-    python = none_if_empty(args.engine_python)
     longest = args.max_len + (args.max_new_tokens if args.regenerate else 0)  # a prompt, or one being answered
     capture_dir = none_if_empty(args.capture_dir)
     with served_capture(
@@ -273,6 +295,8 @@ def captured_by(args: argparse.Namespace, source: Any) -> str:
     """Where the states came from, for the dataset's meta: in-process, or the vLLM server and its URL."""
     if args.engine == "in-process":
         return "in-process"
+    if args.engine == "sglang":
+        return f"sglang via SpecForge (chat template {args.chat_template}, tp {args.tensor_parallel})"
     return f"vllm {'endpoint ' + source.url if source.endpoint else 'server started by make_data'}"
 
 

@@ -168,6 +168,7 @@ def test_print_server_command_names_the_capture_in_vllms_reading(tiny_targets, t
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.full  # the target generates, then captures, four times: the fast tier's budget is near its end
 def test_regenerate_captures_the_targets_own_replies_and_records_it(tiny_targets, tmp_path):
     """--regenerate: every assistant turn is the target's own greedy reply (its end-of-turn token from the chat
     template), written once beside the shards so a rerun captures the same replies; the meta says so."""
@@ -203,3 +204,36 @@ def test_regenerate_captures_the_targets_own_replies_and_records_it(tiny_targets
     res = run([*base, "--out", str(plain), "--regenerate"], tmp_path)
     assert res.returncode == 2 and "holds a capture of the shipped replies" in res.stderr
     assert not (plain / "regenerated.jsonl").exists()
+
+
+@pytest.mark.full  # torchrun launches the stand-in, as SpecForge's capture runs
+def test_sglang_capture_through_specforge_files_gives_the_in_process_dataset(tiny_targets, tmp_path):
+    """--engine sglang runs SpecForge's capture (here a stand-in with its command line and its files: SGLang needs
+    a GPU) and takes each prompt's states by its tokens: the dataset equals the in-process one; a SpecForge template
+    that tokenizes otherwise is refused by name, nothing written."""
+    import shutil
+    import sys
+
+    from drafter.data import HiddenStateDataset
+    from drafter.data_equality import compare
+
+    chats = [r for r in PROMPTS if "messages" in r][:3]
+    prompts = write_prompts(tmp_path / "p.jsonl", chats)
+    checkout = tmp_path / "SpecForge"
+    (checkout / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "tests" / "helpers" / "specforge_standin.py", checkout / "scripts" / "prepare_hidden_states.py")
+    base = ["--target", str(tiny_targets[0]), "--prompts", str(prompts), "--layers", "0,1,2", "--no-progress",
+            "--dtype", "float32"]  # fmt: skip
+    sglang = ["--engine", "sglang", "--engine_python", sys.executable, "--specforge", str(checkout)]
+    assert run([*base, "--out", str(tmp_path / "inproc")], tmp_path).returncode == 0
+    res = run([*base, "--out", str(tmp_path / "sglang"), *sglang, "--chat_template", "kimi_k2"], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    eq = compare(HiddenStateDataset(tmp_path / "sglang"), HiddenStateDataset(tmp_path / "inproc"))
+    assert eq.ids_identical and eq.masks_identical and eq.heads_identical and eq.token_agreement > 0.95, eq.row()
+    assert min(eq.worst_cosine.values()) > 0.999, eq.row()  # float32 states stored in bf16
+    meta = json.loads((tmp_path / "sglang" / "index.json").read_text())["meta"]
+    assert meta["captured_by"].startswith("sglang via SpecForge (chat template kimi_k2")
+    res = run([*base, "--out", str(tmp_path / "mangled"), *sglang, "--chat_template", "mangled"], tmp_path)
+    assert res.returncode == 2 and "tokenizes otherwise" in res.stderr and "Traceback" not in res.stderr
+    res = run([*base, "--out", str(tmp_path / "x"), "--engine", "sglang", "--chat_template", "kimi_k2"], tmp_path)
+    assert res.returncode == 2 and "--engine sglang needs --specforge" in res.stderr
