@@ -178,15 +178,25 @@ def expected_tensors(cfg: DrafterConfig) -> dict[str, tuple[str, tuple[int, ...]
     h, ht, i = cfg.hidden_size, cfg.target_hidden, cfg.intermediate_size
     q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
     m = "midlayer."
+    if cfg.mla is None:
+        attention = {
+            "q_proj.weight": (q, 2 * h),
+            "k_proj.weight": (kv, 2 * h),
+            "v_proj.weight": (kv, 2 * h),
+            "o_proj.weight": (h, q),
+        }
+    else:
+        attention = cfg.mla.tensors(cfg.num_attention_heads, 2 * h, h)
+    norms = {f"fc_norm.{n}.weight": (w, (ht,)) for n in range(3)} if cfg.fc_norm else {}
+    if cfg.norm_before_fc:
+        norms["input_norm.weight"] = (w, (3 * ht,))
     return {
         "fc.weight": (w, (h, 3 * ht)),
+        **norms,
         f"{m}input_layernorm.weight": (w, (h,)),
         f"{m}hidden_norm.weight": (w, (h,)),
         f"{m}post_attention_layernorm.weight": (w, (h,)),
-        f"{m}self_attn.q_proj.weight": (w, (q, 2 * h)),
-        f"{m}self_attn.k_proj.weight": (w, (kv, 2 * h)),
-        f"{m}self_attn.v_proj.weight": (w, (kv, 2 * h)),
-        f"{m}self_attn.o_proj.weight": (w, (h, q)),
+        **{f"{m}self_attn.{name}": (w, shape) for name, shape in attention.items()},
         f"{m}mlp.gate_proj.weight": (w, (i, h)),
         f"{m}mlp.up_proj.weight": (w, (i, h)),
         f"{m}mlp.down_proj.weight": (w, (h, i)),
@@ -264,7 +274,7 @@ def load_drafter(
     if not has_embedding:
         state[EMBED] = torch.zeros(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
     model.load_state_dict(state, strict=True, assign=True)
-    model.rotary = Rotary(cfg.head_dim, cfg.rope, cfg.max_position_embeddings)  # not in the file: computed
+    model.rotary = Rotary(cfg.rope_dim, cfg.rope, cfg.max_position_embeddings)  # not in the file: computed
     model.has_embedding = has_embedding
     return model
 

@@ -21,7 +21,7 @@ import torch
 
 from common.errors import BadInput
 from drafter.checkpoint import CONFIG_DTYPES, DTYPES, EMBED, TensorInfo, expected_tensors, parse_header_bytes
-from drafter.config import DrafterConfig, TargetConfig
+from drafter.config import NORM_FLAGS, DrafterConfig, TargetConfig
 from drafter.rope import rope_from_config
 from drafter.vocab import validate_vocab_maps
 
@@ -92,6 +92,11 @@ def check_compat(d: DrafterFacts, t: TargetFacts) -> list[Check]:
     # ---- every tensor: shape and dtype implied by the config and the target
     expected = expected_tensors(cfg)
     expected["fc.weight"] = (expected["fc.weight"][0], (cfg.hidden_size, 3 * tc.hidden_size))
+    for name in [n for n in expected if n.startswith("fc_norm.")]:
+        expected[name] = (expected[name][0], (tc.hidden_size,))
+    if "input_norm.weight" in expected:
+        expected["input_norm.weight"] = (expected["input_norm.weight"][0], (3 * tc.hidden_size,))
+    add(family_check(cfg))
     expected["t2d"] = ("BOOL", (tc.vocab_size,))
     expected[EMBED] = (expected[EMBED][0], (tc.vocab_size, cfg.hidden_size))
     for name, (dtype, shape) in expected.items():
@@ -197,6 +202,27 @@ def check_compat(d: DrafterFacts, t: TargetFacts) -> list[Check]:
     dtype_ok = CONFIG_DTYPES.get(cfg.torch_dtype) is not None
     add(Check("torch_dtype", "bfloat16/float16/float32", cfg.torch_dtype, dtype_ok))
     return checks
+
+
+def family_check(cfg: DrafterConfig) -> Check:
+    """Which draft layer the header was read as, and so which tensors the checks below hold it to."""
+    flags = [k for k in NORM_FLAGS if getattr(cfg, k)]
+    norms = f"; EAGLE-3.1 norms: {', '.join(flags)}" if flags else ""
+    if cfg.mla is None:
+        what = (
+            f"Llama attention: q_proj/k_proj/v_proj/o_proj for {cfg.num_attention_heads} query and "
+            f"{cfg.num_key_value_heads} kv heads of {cfg.head_dim}"
+        )
+    else:
+        sp = cfg.mla
+        q = "q_proj" if sp.q_lora_rank is None else f"q_a_proj (rank {sp.q_lora_rank}), q_a_layernorm, q_b_proj"
+        what = (
+            f"MLA: {q}; kv_a_proj_with_mqa (latent {sp.kv_lora_rank} + rope {sp.qk_rope_head_dim}), "
+            f"kv_a_layernorm, kv_b_proj (nope {sp.qk_nope_head_dim} + v {sp.v_head_dim} per head), o_proj; "
+            f"{cfg.num_attention_heads} heads"
+        )
+    return Check("draft layer family", cfg.family, what + norms, None, "the tensors checked follow from it",
+                 informational=True)  # fmt: skip
 
 
 def passed(checks: list[Check]) -> bool:

@@ -8,10 +8,18 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import BadInput
+from drafter import mla
 from drafter.aux_layers import CONVENTION_KEY, project_ids
+from drafter.mla import MLASpec
 from drafter.rope import RopeSpec, rope_from_config
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
+LLAMA_ARCHITECTURES = (ARCHITECTURE, "Eagle3LlamaForCausalLM")
+# EAGLE-3.1's norms, as vLLM 0.32's llama_eagle3.py and deepseek_eagle3.py read them (all off by default):
+# fc_norm: one RMSNorm per aux state before fc; norm_before_fc: one over the three together;
+# norm_output: the next draft step reads the final norm's output, not the pre-norm state;
+# norm_before_residual: the residual stream starts at hidden_norm(hidden), not at hidden.
+NORM_FLAGS = ("fc_norm", "norm_before_fc", "norm_output", "norm_before_residual")
 
 # Keys the drafter cannot be built without (docs/design.md, checkpoint format).
 REQUIRED_KEYS = (
@@ -36,10 +44,43 @@ _KNOWN = {
     "eagle_config",
     "target_hidden_size",
     CONVENTION_KEY,  # read once: the in-memory config always holds the project's layer ids
+    *mla.KEYS,
+    *NORM_FLAGS,
 }
 # What engines need to build the right model from the folder alone (vLLM builds a 32-layer drafter,
 # silently accepting nothing, when num_hidden_layers is missing; it refuses a folder without model_type).
 ENGINE_KEYS = {"model_type": "llama", "num_hidden_layers": 1, "hidden_act": "silu", "tie_word_embeddings": False}
+MLA_ENGINE_KEYS = {**ENGINE_KEYS, "model_type": mla.MODEL_TYPE}
+MLA_REQUIRED = tuple(k for k in REQUIRED_KEYS if k != "num_key_value_heads")
+
+
+def family_of(raw: dict[str, Any], where: str) -> str:
+    """ "llama" or "mla", from the architecture the config declares; MLA keys under a Llama
+    architecture (or the reverse) are a mixed layout, refused rather than guessed."""
+    archs = raw.get("architectures") or [ARCHITECTURE]
+    if not isinstance(archs, list) or len(archs) != 1 or not isinstance(archs[0], str):
+        raise BadInput(f"{where}: field 'architectures' must name one architecture, got {archs!r}")
+    arch = archs[0]
+    mla_keys = sorted(k for k in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim") if k in raw)
+    if arch in mla.ARCHITECTURES:
+        return "mla"
+    if arch in LLAMA_ARCHITECTURES:
+        if mla_keys:
+            raise BadInput(f"{where}: architecture {arch} with MLA keys {', '.join(mla_keys)}: mixed layout")
+        return "llama"
+    known = ", ".join((*LLAMA_ARCHITECTURES, *mla.ARCHITECTURES))
+    raise BadInput(f"{where}: unknown drafter architecture {arch!r} (known: {known})")
+
+
+def _flags(raw: dict[str, Any], where: str) -> dict[str, bool]:
+    eagle = raw.get("eagle_config") if isinstance(raw.get("eagle_config"), dict) else {}
+    out = {}
+    for key in NORM_FLAGS:
+        value = raw.get(key, eagle.get(key, False) if key == "norm_before_fc" else False)
+        if not isinstance(value, bool):
+            raise BadInput(f"{where}: field '{key}' must be true or false, got {value!r}")
+        out[key] = value
+    return out
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -110,12 +151,20 @@ class DrafterConfig:
     torch_dtype: str = "bfloat16"
     target_hidden_size: int | None = None
     sliding_window: int | None = None  # the draft layer sees at most this many positions back (None: all)
+    mla: MLASpec | None = None  # the MLA draft layer's dimensions (drafter/mla.py); None: Llama attention
+    fc_norm: bool = False
+    norm_before_fc: bool = False
+    norm_output: bool = False
+    norm_before_residual: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     rope: RopeSpec | None = None  # None: default RoPE with rope_theta
 
     def __post_init__(self) -> None:
         if self.rope is None:
             self.rope = RopeSpec(theta=self.rope_theta)
+        if self.mla is not None:  # every head its own key and value; queries and keys are qk_head_dim wide
+            self.num_key_value_heads = self.num_attention_heads
+            self.head_dim = self.mla.qk_head_dim
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         # eagle_config's other keys ride in `extra`; the layer ids live in their own field
@@ -125,16 +174,43 @@ class DrafterConfig:
         self.extra = {**self.extra, "eagle_config": eagle}
 
     @property
+    def family(self) -> str:
+        return "llama" if self.mla is None else "mla"
+
+    @property
+    def rope_dim(self) -> int:
+        """The dimensions RoPE rotates: the whole head (Llama), or MLA's decoupled rope part."""
+        return self.head_dim if self.mla is None else self.mla.qk_rope_head_dim
+
+    @property
+    def attention_widths(self) -> tuple[int, int, int, int, int]:
+        """Per position, all heads: (query, key, value, attention output, what the low-rank projections
+        keep besides them) widths, what the memory plan counts for either family."""
+        heads = self.num_attention_heads
+        if self.mla is None:
+            q, kv = heads * self.head_dim, self.num_key_value_heads * self.head_dim
+            return q, kv, kv, q, 0
+        sp = self.mla
+        kept = 2 * (sp.q_lora_rank or 0) + 2 * sp.kv_lora_rank + sp.qk_rope_head_dim  # latents and their norms
+        q = heads * sp.qk_head_dim
+        return q, q, heads * sp.v_head_dim, heads * sp.v_head_dim, kept + heads * (sp.qk_nope_head_dim + sp.v_head_dim)
+
+    @property
     def target_hidden(self) -> int:
         """Hidden size of the target whose states feed `fc` (3 of them side by side)."""
         return self.target_hidden_size or self.hidden_size
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "config.json") -> DrafterConfig:
-        missing = [k for k in REQUIRED_KEYS if k not in raw]
+        family = family_of(raw, where)
+        required = REQUIRED_KEYS if family == "llama" else MLA_REQUIRED
+        missing = [k for k in required if k not in raw]
         if missing:
             raise BadInput(f"{where}: missing required field(s) {', '.join(missing)}")
-        ints = {k: _int(raw, k, where) for k in REQUIRED_KEYS}
+        ints = {k: _int(raw, k, where) for k in required}
+        spec = MLASpec.from_dict(raw, where) if family == "mla" else None
+        if spec is not None:
+            ints["num_key_value_heads"] = ints["num_attention_heads"]
         eagle = raw.get("eagle_config") or {}
         layers = eagle.get("eagle_aux_hidden_state_layer_ids")
         if layers is None:
@@ -152,7 +228,9 @@ class DrafterConfig:
                 f"{where}: draft_vocab_size {ints['draft_vocab_size']} exceeds vocab_size {ints['vocab_size']}"
             )
         head_dim = raw.get("head_dim")
-        if head_dim is not None:
+        if spec is not None:
+            head_dim = None  # MLA's widths are its own keys
+        elif head_dim is not None:
             head_dim = _int(raw, "head_dim", where)
         elif ints["hidden_size"] % ints["num_attention_heads"]:
             raise BadInput(f"{where}: no 'head_dim' and hidden_size is not divisible by num_attention_heads")
@@ -176,8 +254,19 @@ class DrafterConfig:
             except BadInput as exc:
                 raise BadInput(f"{where}: field '{CONVENTION_KEY}': {exc}") from None
         rope = rope_from_config(raw, where)
+        window = _window(raw, where)
+        if spec is not None and rope.rope_type != "default":
+            raise BadInput(
+                f"{where}: rope type {rope.rope_type!r} on an MLA draft layer is not supported (vLLM maps it to "
+                "its DeepSeek scaling, which the project does not reproduce); only default RoPE"
+            )
+        if spec is not None and window is not None:
+            raise BadInput(f"{where}: field 'layer_types': an MLA draft layer has no sliding window in vLLM or SGLang")
+        engine_keys = ENGINE_KEYS if spec is None else MLA_ENGINE_KEYS
         return cls(
-            sliding_window=_window(raw, where),
+            sliding_window=window,
+            mla=spec,
+            **_flags(raw, where),
             **ints,
             aux_layer_ids=list(layers),
             head_dim=head_dim,
@@ -192,7 +281,7 @@ class DrafterConfig:
             extra={
                 k: v
                 for k, v in raw.items()
-                if (k not in _KNOWN or k == "eagle_config") and not (k in ENGINE_KEYS and ENGINE_KEYS[k] == v)
+                if (k not in _KNOWN or k == "eagle_config") and not (k in engine_keys and engine_keys[k] == v)
             },
         )
 
@@ -205,9 +294,10 @@ class DrafterConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """config.json content; keys this class does not model come back as they were read."""
-        out: dict[str, Any] = {"architectures": [ARCHITECTURE]}
+        out: dict[str, Any] = {"architectures": [ARCHITECTURE if self.mla is None else mla.ARCHITECTURES[0]]}
         extra = dict(self.extra)
         eagle = dict(extra.pop("eagle_config", {}) or {})
+        eagle.pop("norm_before_fc", None)  # written once, at the top level (vLLM reads both)
         eagle["eagle_aux_hidden_state_layer_ids"] = list(self.aux_layer_ids)
         eagle.setdefault("use_aux_hidden_state", True)
         out["eagle_config"] = eagle
@@ -228,7 +318,11 @@ class DrafterConfig:
         )
         if self.target_hidden_size and self.target_hidden_size != self.hidden_size:
             out["target_hidden_size"] = self.target_hidden_size
-        out.update(ENGINE_KEYS)
+        if self.mla is not None:  # no head_dim: vLLM's MLA reads its widths from the MLA keys
+            del out["head_dim"]
+            out.update(self.mla.to_dict())
+        out.update({k: True for k in NORM_FLAGS if getattr(self, k)})  # absent means false to every loader
+        out.update(ENGINE_KEYS if self.mla is None else MLA_ENGINE_KEYS)
         out.update(extra)  # layer_types and sliding_window, as read, ride here
         if self.sliding_window is not None:  # vLLM's Llama layers read both (layer_types per draft layer)
             out.update(sliding_window=self.sliding_window, layer_types=["sliding_attention"])

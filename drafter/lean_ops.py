@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 def _wide(x: torch.Tensor) -> torch.Tensor:
@@ -62,3 +63,15 @@ class _SwiGLU(torch.autograd.Function):
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, keeping only gate and up for backward."""
     return _SwiGLU.apply(gate, up)
+
+
+class RMSNorm(nn.Module):
+    """Llama RMSNorm, computed in float32 for bf16 stability."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)  # keeps x and one fp32 number per position for backward

@@ -22,6 +22,7 @@ that it does not fit from a one-line refusal, not from a run that dies after an 
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,10 +37,15 @@ WORLDS = (1, 2, 4, 8, 16, 32, 64)
 
 def parameter_counts(cfg: DrafterConfig) -> tuple[int, int]:
     """(trained, frozen) parameters: the frozen one is the target's embedding."""
-    h, i, vd = cfg.hidden_size, cfg.intermediate_size, cfg.draft_vocab_size
-    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-    layer = 2 * h * (q + 2 * kv) + q * h + 3 * h * i + 3 * h  # attention over [embed; hidden], MLP, 3 norms
-    trained = 3 * cfg.target_hidden * h + layer + h + h * vd  # fc, the layer, final norm, lm_head
+    h, i, vd, ht = cfg.hidden_size, cfg.intermediate_size, cfg.draft_vocab_size, cfg.target_hidden
+    if cfg.mla is None:
+        q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        attention = 2 * h * (q + 2 * kv) + q * h  # over [embed; hidden]
+    else:
+        attention = sum(math.prod(s) for s in cfg.mla.tensors(cfg.num_attention_heads, 2 * h, h).values())
+    layer = attention + 3 * h * i + 3 * h  # attention, MLP, 3 norms
+    norms = 3 * ht * (int(cfg.fc_norm) + int(cfg.norm_before_fc))  # EAGLE-3.1's norms before fc
+    trained = 3 * ht * h + norms + layer + h + h * vd  # fc, the layer, final norm, lm_head
     return trained, cfg.vocab_size * h
 
 
@@ -65,14 +71,16 @@ def activation_bytes(
 
     h, i, vd, ht = cfg.hidden_size, cfg.intermediate_size, cfg.draft_vocab_size, cfg.target_hidden
     heads = cfg.num_attention_heads
-    q, kv = heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    q, k, v, o, kept = cfg.attention_widths  # Llama: k = v = kv heads' width, o = q; MLA: its own widths
     a, f = (2 if bf16 else 4), 4  # activations in the autocast precision; norms, softmax and loss in fp32
     n = rows * width
     batch = n * (4 * (3 * ht + h) + 3 * 8 + 3) + (n * 3 * ht * a if bf16 else 0)  # collated batch (+ cast)
+    batch += n * 3 * ht * f * (int(cfg.fc_norm) + int(cfg.norm_before_fc))  # EAGLE-3.1: fc's input normed first
     target = 2 * n * vd * f  # the target's draft-vocab logits and distribution
     # per step and position: four norms keep their inputs and an fp32 reciprocal norm (drafter/lean_ops.py),
     # projections their inputs and outputs, SwiGLU gate and up, the logits in both precisions
-    per_step_position = f * 4 + a * (7 * h + 2 * q + 2 * kv + 2 * i + vd) + f * vd
+    # (MLA: its latents too); the EAGLE-3.1 norms before fc are per position once, in the batch's width
+    per_step_position = f * 4 + a * (7 * h + q + k + v + o + kept + 2 * i + vd) + f * vd
     head_rows = vd * h * f  # the target's lm_head rows of the draft vocabulary, the loss's teacher
     logits_backward = 2 * n * vd * f  # log-softmax and softmax backward
     if attention == "eager":
@@ -81,10 +89,10 @@ def activation_bytes(
         per_step = n * per_step_position + matrix
         return int(batch + target + masks + ttt * per_step + n * a * h + logits_backward + 2 * matrix + head_rows)
     # the chain's keys and values taken per step (on average (ttt - 1) / 2 of each) and the log-sum-exp
-    per_step = n * (per_step_position + a * q * (ttt - 1) + f * heads)
+    per_step = n * (per_step_position + a * (q + o) / 2 * (ttt - 1) + f * heads)
     block = min(rows * heads * width * width, max(BLOCK_ELEMENTS, rows * heads * 16 * width))
     block_transients = 6 * f * block  # scores, probabilities, their gradient, the mask, in one block
-    accumulators = n * f * q * (3 + ttt - 1)  # backward's fp32 gradients of queries, keys, values, the chain
+    accumulators = n * f * (2 * q + o + (q + o) / 2 * (ttt - 1))  # backward's fp32 gradients of q, k, v, the chain
     transients = logits_backward + block_transients + accumulators
     return int(batch + target + ttt * per_step + n * a * h + transients + head_rows)
 

@@ -20,24 +20,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from drafter.config import DrafterConfig
-from drafter.lean_ops import rms_norm, swiglu
+from drafter.lean_ops import RMSNorm, swiglu
 from drafter.loss import shifted
+from drafter.mla import MLAAttention
 from drafter.rope import RopeSpec
 from drafter.ttt_attention import KeyRule, blockwise_ttt_attention
 
 ATTENTION = ("blockwise", "eager")  # blockwise: memory linear in length (drafter/ttt_attention.py)
-
-
-class RMSNorm(nn.Module):
-    """Llama RMSNorm, computed in float32 for bf16 stability."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)  # keeps x and one fp32 number per position for backward
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -105,7 +94,12 @@ class MidLayer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = (
+            Attention(cfg)
+            if cfg.mla is None
+            else MLAAttention(cfg.hidden_size, cfg.num_attention_heads, cfg.mla, cfg.rms_norm_eps)
+        )
+        self.norm_before_residual = cfg.norm_before_residual
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
@@ -113,8 +107,10 @@ class MidLayer(nn.Module):
         return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
 
     def finish(self, attn_out: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """Residual + MLP, as SGLang's Eagle-3 layer: the residual stream starts at `hidden`."""
-        x = hidden + self.self_attn.o_proj(attn_out)
+        """Residual + MLP, as SGLang's Eagle-3 layer: the residual stream starts at `hidden`
+        (at hidden_norm(hidden) with EAGLE-3.1's norm_before_residual, as vLLM reads it)."""
+        residual = self.hidden_norm(hidden).to(hidden.dtype) if self.norm_before_residual else hidden
+        x = residual + self.self_attn.o_proj(attn_out)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -181,10 +177,11 @@ def _put(full: torch.Tensor, part: torch.Tensor, rows: Rows, dim: int) -> torch.
     return full.scatter(dim, index, part)
 
 
-def _chain(full: list[torch.Tensor], rows: Rows, q: torch.Tensor) -> torch.Tensor:
-    """The earlier steps' keys (or values) at this step's positions, [B, h, M, J, d] (J may be 0)."""
+def _chain(full: list[torch.Tensor], rows: Rows, q: torch.Tensor, width: int) -> torch.Tensor:
+    """The earlier steps' keys (or values, `width` wide) at this step's positions, [B, h, M, J, width]
+    (J may be 0)."""
     if not full:
-        return q.new_zeros(*q.shape[:3], 0, q.shape[-1])
+        return q.new_zeros(*q.shape[:3], 0, width)
     return torch.stack([_take(x, rows, dim=2) for x in full], dim=3)
 
 
@@ -214,12 +211,16 @@ class Eagle3Drafter(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)  # a frozen copy of the target's
         self.fc = nn.Linear(3 * cfg.target_hidden, cfg.hidden_size, bias=False)
+        if cfg.norm_before_fc:  # EAGLE-3.1 (drafter/config.py NORM_FLAGS): one norm over the three states
+            self.input_norm = RMSNorm(3 * cfg.target_hidden, cfg.rms_norm_eps)
+        if cfg.fc_norm:  # one norm per aux state
+            self.fc_norm = nn.ModuleList(RMSNorm(cfg.target_hidden, cfg.rms_norm_eps) for _ in range(3))
         self.midlayer = MidLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
-        self.rotary = Rotary(cfg.head_dim, cfg.rope, cfg.max_position_embeddings)
+        self.rotary = Rotary(cfg.rope_dim, cfg.rope, cfg.max_position_embeddings)
         self.has_embedding = False  # True once embed_tokens holds the target's embedding
         self.attention = "blockwise"  # "eager": the reference, the whole probability matrix per step
 
@@ -227,11 +228,12 @@ class Eagle3Drafter(nn.Module):
     def init_weights(self, seed: int = 0, std: float = 0.02) -> None:
         """Random init for training from scratch (never used when loading a checkpoint)."""
         gen = torch.Generator().manual_seed(seed)
+        norms = {f"{name}.weight" for name, m in self.named_modules() if isinstance(m, RMSNorm)}
         for name, p in self.named_parameters():
             if name == "embed_tokens.weight":
                 continue
             with torch.no_grad():
-                if name.endswith("norm.weight"):
+                if name in norms:
                     p.fill_(1.0)
                 else:
                     p.copy_(torch.randn(p.shape, generator=gen) * std)
@@ -239,8 +241,24 @@ class Eagle3Drafter(nn.Module):
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
 
+    def combine(self, aux_hidden: torch.Tensor) -> torch.Tensor:
+        """The target's three aux states [..., 3 x target hidden] into the drafter's width, as vLLM's
+        `combine_hidden_states`: the EAGLE-3.1 norms (if declared), then fc."""
+        x = aux_hidden.to(self.fc.weight.dtype)
+        if self.config.norm_before_fc:
+            x = self.input_norm(x)
+        if self.config.fc_norm:
+            x = torch.cat([norm(part) for norm, part in zip(self.fc_norm, x.chunk(3, dim=-1), strict=True)], dim=-1)
+        return self.fc(x)
+
+    def carry(self, x: torch.Tensor) -> torch.Tensor:
+        """What the next draft step reads of the layer's output: the pre-norm state, or (EAGLE-3.1's
+        norm_output) the final norm's output."""
+        return self.norm(x).to(x.dtype) if self.config.norm_output else x
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(hidden))
+        """Draft-vocab logits of a carried state (already normed under norm_output)."""
+        return self.lm_head(hidden if self.config.norm_output else self.norm(hidden))
 
     # ------------------------------------------------------------------ training (TTT)
     def forward(
@@ -276,7 +294,7 @@ class Eagle3Drafter(nn.Module):
         dtype = self.fc.weight.dtype
         if noise_std > 0:
             aux_hidden = aux_hidden + noise_std * torch.randn_like(aux_hidden)
-        hidden = self.fc(aux_hidden.to(dtype))
+        hidden = self.combine(aux_hidden)
         device = input_ids.device
         pos = torch.arange(t, device=device)[None].expand(b, t) if position_ids is None else position_ids
         key_ok = torch.ones(b, t, dtype=torch.bool, device=device) if attention_mask is None else attention_mask.bool()
@@ -315,10 +333,10 @@ class Eagle3Drafter(nn.Module):
             else:
                 at = torch.arange(rows, device=device)[None].expand(b, rows) if isinstance(rows, int) else rows
                 rule = KeyRule(at, key_ok, segment_ids, self.config.sliding_window, offset=j)
-                chain_k, chain_v = (_chain(d, rows, q) for d in (diag_k, diag_v))
+                chain_k, chain_v = _chain(diag_k, rows, q, keys0.shape[-1]), _chain(diag_v, rows, q, values0.shape[-1])
                 out = blockwise_ttt_attention(q, keys0, values0, chain_k, chain_v, rule, scale)
             out = out.transpose(1, 2).reshape(b, _count(rows), -1)
-            hidden = _put(hidden, self.midlayer.finish(out, _take(hidden, rows, dim=1)), rows, dim=1)
+            hidden = _put(hidden, self.carry(self.midlayer.finish(out, _take(hidden, rows, dim=1))), rows, dim=1)
             if scored[j] is None:
                 outs.append(self.logits(hidden))
             else:
@@ -406,7 +424,7 @@ class Eagle3Drafter(nn.Module):
             q, attn.expand_kv(keys), attn.expand_kv(values), attn_mask=mask[None, None]
         )
         out = out.transpose(1, 2).reshape(1, n_new, -1)
-        return self.midlayer.finish(out, hidden), k, v
+        return self.carry(self.midlayer.finish(out, hidden)), k, v
 
     @torch.no_grad()
     def extend(self, cache: DraftCache, next_ids: torch.Tensor, aux_hidden: torch.Tensor) -> torch.Tensor:
@@ -416,7 +434,7 @@ class Eagle3Drafter(nn.Module):
         """
         start = cache.length
         positions = torch.arange(start, start + next_ids.shape[-1], device=next_ids.device)
-        hidden = self.fc(aux_hidden.to(self.fc.weight.dtype).reshape(1, -1, self.fc.in_features))
+        hidden = self.combine(aux_hidden.reshape(1, -1, self.fc.in_features))
         out, k, v = self._step(next_ids.reshape(1, -1), hidden, positions, cache, [], [])
         cache.keys = k if cache.keys is None else torch.cat([cache.keys, k], dim=2)
         cache.values = v if cache.values is None else torch.cat([cache.values, v], dim=2)

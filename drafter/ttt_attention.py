@@ -83,7 +83,7 @@ class _BlockwiseTTTAttention(torch.autograd.Function):
     def forward(ctx, q, keys, values, diag_k, diag_v, rule: KeyRule, scale: float):  # noqa: ANN001
         with torch.autocast(q.device.type, enabled=False):
             b, h, m, _ = q.shape
-            out = torch.empty_like(q)
+            out = q.new_empty(b, h, m, values.shape[-1])  # values may be narrower than keys (MLA)
             top = torch.empty(b, h, m, dtype=torch.float32, device=q.device)
             total = torch.empty_like(top)
             step = block_size(b, h, keys.shape[2])
@@ -146,6 +146,6 @@ def blockwise_ttt_attention(
     rule: KeyRule,
     scale: float,
 ) -> torch.Tensor:
-    """q [B, h, M, d] against step-0 keys/values [B, h, T, d] and the chain's own keys/values
-    [B, h, M, J, d] (J earlier steps, at each query's position); returns [B, h, M, d]."""
+    """q [B, h, M, d] against step-0 keys [B, h, T, d] and values [B, h, T, dv] and the chain's own keys
+    and values [B, h, M, J, d or dv] (J earlier steps, at each query's position); returns [B, h, M, dv]."""
     return _BlockwiseTTTAttention.apply(q, keys, values, diag_k, diag_v, rule, scale)

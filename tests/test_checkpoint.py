@@ -16,7 +16,7 @@ from drafter.checkpoint import (
     save_drafter,
 )
 from drafter.config import DrafterConfig
-from tests.helpers.drafters import k2_drafter_tensors, tiny_config, tiny_drafter
+from tests.helpers.drafters import FAMILIES, k2_drafter_tensors, tiny_config, tiny_drafter
 
 
 def assert_same_state(a, b):
@@ -37,6 +37,26 @@ def test_round_trip_identical_tensors_and_config(tmp_path, shard):
     assert_same_state(model, loaded)
     assert loaded.config == model.config
     assert loaded.has_embedding
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "llama"])
+def test_every_family_round_trips_with_the_engines_names(tmp_path, family):
+    """An MLA layer and the EAGLE-3.1 norms are saved under the names vLLM's loaders read (drafter/mla.py),
+    with the config keys that say which layer it is, and load back identical."""
+    model = tiny_drafter(**FAMILIES[family]).to(torch.bfloat16)
+    save_drafter(model, tmp_path / "d")
+    names = set(read_header(tmp_path / "d"))
+    raw = json.loads((tmp_path / "d" / "config.json").read_text())
+    if model.config.mla is not None:
+        assert raw["architectures"] == ["Eagle3DeepseekV3ForCausalLM"] and raw["model_type"] == "deepseek_v3"
+        assert {"midlayer.self_attn.kv_a_proj_with_mqa.weight", "midlayer.self_attn.kv_b_proj.weight"} <= names
+        assert "midlayer.self_attn.k_proj.weight" not in names and "head_dim" not in raw
+    if model.config.fc_norm:
+        assert {"fc_norm.0.weight", "fc_norm.2.weight", "input_norm.weight"} <= names
+        assert raw["fc_norm"] is raw["norm_output"] is raw["norm_before_residual"] is True
+    loaded = load_drafter(tmp_path / "d", dtype=torch.bfloat16)
+    assert_same_state(model, loaded)
+    assert loaded.config == model.config
 
 
 def test_checkpoint_with_aq_medai_key_names_loads_and_runs(tmp_path):

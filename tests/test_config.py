@@ -42,6 +42,13 @@ def test_flat_target_config():
         (lambda r: r.update(num_key_value_heads="64"), "'num_key_value_heads' must be a positive integer"),
         (lambda r: r.update(draft_vocab_size=200000), "exceeds vocab_size"),
         (lambda r: r["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[2, 30]), "3 layer ids"),
+        (lambda r: r.update(architectures=["MedusaModel"]), "unknown drafter architecture 'MedusaModel'"),
+        (lambda r: r.update(kv_lora_rank=512), "with MLA keys kv_lora_rank: mixed layout"),
+        (
+            lambda r: r.update(architectures=["Eagle3DeepseekV3ForCausalLM"]),
+            "'kv_lora_rank' must be a positive integer for an MLA",
+        ),
+        (lambda r: r.update(fc_norm="yes"), "field 'fc_norm' must be true or false"),
     ],
 )
 def test_bad_drafter_configs(mutate, message):

@@ -9,15 +9,16 @@ from drafter.config import DrafterConfig
 from drafter.memory_plan import GIB, model_state_bytes, parameter_counts, plan
 from drafter.model import Eagle3Drafter
 from tests.helpers.checks import one_line_exit_2
-from tests.helpers.drafters import tiny_config
+from tests.helpers.drafters import FAMILIES, tiny_config
 from tests.helpers.steps import run_step
 
 ROOT = Path(__file__).resolve().parents[1]
 K2 = ROOT / "configs" / "reference" / "kimi-k2-eagle3.config.json"
 
 
-def test_parameter_counts_match_the_model():
-    cfg = tiny_config()
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parameter_counts_match_the_model(family):
+    cfg = tiny_config(**FAMILIES[family])
     model = Eagle3Drafter(cfg)
     trained, frozen = parameter_counts(cfg)
     assert trained == sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -9,7 +9,7 @@ from drafter.loss import (
     ttt_loss,
 )
 from drafter.model import DraftCache
-from tests.helpers.drafters import tiny_drafter
+from tests.helpers.drafters import FAMILIES, tiny_drafter
 
 
 def _batch(model, b=4, t=24, seed=0):
@@ -82,11 +82,13 @@ def test_a_window_the_draft_chain_outreaches_is_refused_where_training_and_decod
                 check_depth(cfg, k, "ttt_length")
 
 
-@pytest.mark.parametrize("window", [None, 5])
-def test_decoding_path_matches_the_ttt_training_forward(window):
+@pytest.mark.parametrize(
+    ("window", "family"), [(None, "llama"), (5, "llama"), *[(None, f) for f in FAMILIES if f != "llama"]]
+)
+def test_decoding_path_matches_the_ttt_training_forward(window, family):
     """What is trained is what is served: propose()'s draft distributions equal the TTT steps', with
-    and without a sliding window."""
-    model = tiny_drafter(seed=3, sliding_window=window)
+    and without a sliding window, for every draft layer family and the EAGLE-3.1 norms."""
+    model = tiny_drafter(seed=3, sliding_window=window, **FAMILIES[family])
     cfg = model.config
     ids, aux, _, _ = _batch(model, b=1, t=12, seed=5)
     n, k = 7, 4
@@ -106,8 +108,9 @@ def test_decoding_path_matches_the_ttt_training_forward(window):
     assert torch.allclose(dists.sum(-1), torch.ones(k), atol=1e-5)
 
 
-def test_incremental_extend_equals_one_shot_extend():
-    model = tiny_drafter(seed=1)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_incremental_extend_equals_one_shot_extend(family):
+    model = tiny_drafter(seed=1, **FAMILIES[family])
     ids, aux, _, _ = _batch(model, b=1, t=10)
     one = DraftCache()
     h1 = model.extend(one, ids[0, 1:10], aux[0, :9])

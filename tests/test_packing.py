@@ -6,7 +6,7 @@ import torch
 from drafter.data import Sample, collate
 from drafter.loss import loss_positions, pred_mask_from_loss_mask, target_draft_logits, ttt_loss
 from drafter.packing import collate_packed, first_fit_decreasing
-from tests.helpers.drafters import tiny_drafter
+from tests.helpers.drafters import FAMILIES, tiny_drafter
 
 
 def _samples(model, lengths: list[int], prompts: list[int], seed: int = 0) -> list[Sample]:
@@ -105,15 +105,16 @@ TOLERANCE = {False: 1e-5, True: 3e-2}
 
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("layout", ["padded", "packed"])
-@pytest.mark.parametrize("window", [None, 7])
-def test_blockwise_attention_gives_the_eager_loss_and_gradients(bf16, layout, window, monkeypatch):
+@pytest.mark.parametrize(("window", "family"), [(None, "llama"), (7, "llama"), (None, "mla-eagle3.1")])
+def test_blockwise_attention_gives_the_eager_loss_and_gradients(bf16, layout, window, family, monkeypatch):
     """The linear-memory path (query blocks merged by log-sum-exp, scores recomputed in backward) is
     the eager path's arithmetic: the same loss, the same gradient for every parameter, on padded and
-    packed batches, with and without a sliding window. Blocks of 16 queries force many blocks."""
+    packed batches, with and without a sliding window, for the Llama and the MLA draft layer (values
+    narrower than keys) with the EAGLE-3.1 norms. Blocks of 16 queries force many blocks."""
     import drafter.ttt_attention as ttt_attention
 
     monkeypatch.setattr(ttt_attention, "BLOCK_ELEMENTS", 1)  # the smallest blocks: 16 queries each
-    model = tiny_drafter(seed=5, sliding_window=window)
+    model = tiny_drafter(seed=5, sliding_window=window, **FAMILIES[family])
     samples = _samples(model, lengths=[40, 9, 17, 6, 12, 25], prompts=[10, 3, 8, 2, 12, 5])
     head_rows = torch.randn(model.config.vocab_size, model.config.hidden_size)[model.t2d]
     batch = collate(samples) if layout == "padded" else collate_packed(samples)

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from drafter.config import DrafterConfig
+from drafter.mla import MLASpec
 from drafter.model import Eagle3Drafter
 from drafter.vocab import build_vocab_maps
 
@@ -31,6 +32,18 @@ def tiny_config(**overrides) -> DrafterConfig:
     )
     values.update(overrides)
     return DrafterConfig(**values)
+
+
+TINY_MLA = MLASpec(kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, q_lora_rank=12)
+EAGLE31 = dict(fc_norm=True, norm_before_fc=True, norm_output=True, norm_before_residual=True)
+# Every draft layer the project builds: config overrides for tiny_config / tiny_drafter.
+FAMILIES = {
+    "llama": {},
+    "mla": dict(mla=TINY_MLA),
+    "mla-no-q-lora": dict(mla=MLASpec(kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)),
+    "llama-eagle3.1": EAGLE31,
+    "mla-eagle3.1": dict(mla=TINY_MLA, **EAGLE31),
+}
 
 
 def tiny_drafter(seed: int = 0, **overrides) -> Eagle3Drafter:
