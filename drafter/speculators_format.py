@@ -2,12 +2,13 @@
 the project's layout (SpecForge's / SGLang's `LlamaForCausalLMEagle3`).
 
 What vLLM 0.32 reads from a speculators config (`transformers_utils/configs/speculators/algos.py`): the
-decoder's settings from `transformer_layer_config`; `draft_vocab_size`, `target_hidden_size`;
-`norm_before_residual` with a default of True when the key is missing, `norm_before_fc`, `fc_norm`,
-`norm_output` with a default of False; `eagle_aux_hidden_state_layer_ids` only when present (else the
-model's default layers), read as vLLM reads every aux id (the input of layer i: drafter/aux_layers).
-The project's drafter is the plain EAGLE-3 layout: every norm flag false, written out explicitly, since
-a folder without `norm_before_residual` is served as another network, silently.
+decoder's settings from `transformer_layer_config`, whose `model_type` must be llama or qwen3 (so an MLA
+draft layer has no speculators form for vLLM 0.32: refused by name); `draft_vocab_size`,
+`target_hidden_size`; `norm_before_residual` with a default of True when the key is missing,
+`norm_before_fc`, `fc_norm`, `norm_output` with a default of False (EAGLE-3.1's norms: the project builds
+all four, drafter/config.py); `eagle_aux_hidden_state_layer_ids` only when present (else the model's
+default layers), read as vLLM reads every aux id (the input of layer i: drafter/aux_layers). Every flag
+is written out explicitly, since a folder without `norm_before_residual` is served as another network.
 
 Tensors: the same bytes; the decoder layer is `layers.0.` here and `midlayer.` in the project.
 """
@@ -24,7 +25,7 @@ from drafter.checkpoint import EMBED, checked, copy_tensors, header_problems, re
 from drafter.config import ARCHITECTURE, DrafterConfig, read_json
 
 MODEL_TYPE = "eagle3"
-NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")  # all false in the project
+NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")  # drafter/config.py NORM_FLAGS
 PROJECT_LAYER, SPECULATORS_LAYER = "midlayer.", "layers.0."
 TOP_LEVEL = ("architectures", "eagle_config", "draft_vocab_size", "target_hidden_size", aux_layers.CONVENTION_KEY)
 
@@ -42,6 +43,11 @@ def is_speculators(folder: str | Path) -> bool:
 
 def speculators_config(cfg: DrafterConfig, verifier: str, verifier_architectures: list[str], k: int) -> dict:
     """The config vLLM builds the project's drafter from, with `verifier` as its target and k proposals."""
+    if cfg.mla is not None:
+        raise BadInput(
+            "an MLA draft layer has no speculators form vLLM 0.32 reads (its eagle3 speculators map only "
+            "model_type llama and qwen3): export it for 'vllm' or 'sglang'"
+        )
     project = cfg.to_dict()
     eagle = dict(project.get("eagle_config") or {})
     eagle.pop("eagle_aux_hidden_state_layer_ids", None)
@@ -51,7 +57,7 @@ def speculators_config(cfg: DrafterConfig, verifier: str, verifier_architectures
         "transformer_layer_config": {key: v for key, v in project.items() if key not in TOP_LEVEL},
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden,
-        **dict.fromkeys(NORM_FLAGS, False),
+        **{flag: getattr(cfg, flag) for flag in NORM_FLAGS},
         "eagle_aux_hidden_state_layer_ids": aux_layers.handed_ids(list(cfg.aux_layer_ids), "vllm"),
         aux_layers.CONVENTION_KEY: "vllm",
         "speculators_config": {
@@ -89,23 +95,18 @@ def project_config(raw: dict[str, Any], where: str) -> DrafterConfig:
     kind = raw.get("speculators_model_type")
     if kind != MODEL_TYPE:
         raise BadInput(f"{where}: speculators_model_type is {kind!r}; only {MODEL_TYPE!r} is an EAGLE-3 drafter")
-    for flag in NORM_FLAGS[1:]:
-        if raw.get(flag, False) is not False:
-            raise BadInput(
-                f"{where}: '{flag}' is {raw[flag]!r}: a norm the plain EAGLE-3 drafter does not have (vLLM would "
-                "build another network than the project trains and decodes)"
-            )
-    if "norm_before_residual" not in raw:
-        raise BadInput(
-            f"{where}: no 'norm_before_residual', which vLLM reads as true: the plain EAGLE-3 drafter needs false"
-        )
-    if raw["norm_before_residual"] is not False:
-        raise BadInput(
-            f"{where}: 'norm_before_residual' is {raw['norm_before_residual']!r}; the project's drafter is false"
-        )
+    flags = {flag: raw.get(flag, flag == "norm_before_residual") for flag in NORM_FLAGS}  # as vLLM reads them
+    for flag, value in flags.items():
+        if not isinstance(value, bool):
+            raise BadInput(f"{where}: '{flag}' is {value!r}; it must be true or false")
     layer = raw.get("transformer_layer_config")
     if not isinstance(layer, dict):
         raise BadInput(f"{where}: 'transformer_layer_config' must be the decoder's config (a mapping)")
+    if layer.get("model_type", "llama") != "llama":
+        raise BadInput(
+            f"{where}: transformer_layer_config.model_type is {layer['model_type']!r}; the project reads the llama "
+            "draft layer of a speculators folder (vLLM 0.32 also serves qwen3's, with q/k norms the project lacks)"
+        )
     handed = raw.get("eagle_aux_hidden_state_layer_ids")
     if not isinstance(handed, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in handed):
         raise BadInput(
@@ -124,6 +125,7 @@ def project_config(raw: dict[str, Any], where: str) -> DrafterConfig:
     eagle = {"use_aux_hidden_state": True, **extra}
     eagle["eagle_aux_hidden_state_layer_ids"] = aux_layers.project_ids(handed, "vllm")
     project.update(architectures=[ARCHITECTURE], eagle_config=eagle, draft_vocab_size=raw["draft_vocab_size"])
+    project.update({flag: value for flag, value in flags.items() if value})
     if raw.get("target_hidden_size") is not None:
         project["target_hidden_size"] = raw["target_hidden_size"]
     return DrafterConfig.from_dict(project, where)

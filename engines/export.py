@@ -5,8 +5,9 @@
 - `vllm`: the same layout, ids in vLLM's reading (i + 1), for `--speculative-config`.
 - `speculators`: vLLM's own format (drafter/speculators_format): `vllm serve <folder>` pairs it with
   its verifier, the target as vLLM loads it.
-Every norm flag is written out false (the plain EAGLE-3 network), `embed_tokens` is left out (engines
-take the target's), and vLLM is handed the target as it loads it (engines/target_view).
+Every norm flag is written out as the drafter has it (EAGLE-3.1's norms, drafter/config.py), `embed_tokens`
+is left out (engines take the target's), and vLLM is handed the target as it loads it (engines/target_view).
+An MLA draft layer goes out as `Eagle3DeepseekV3ForCausalLM` for vllm and sglang; it has no speculators form.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def write(src: Path, out: Path, engine: str, k: int, target: str | Path, handed_
             _patch(out, {"eagle_aux_hidden_state_layer_ids": list(handed_ids)})
     else:
         export_drafter(src, out, engine, aux["handed_ids"])
-        _patch(out, dict.fromkeys(NORM_FLAGS, False))
+        _patch(out, {flag: getattr(cfg, flag) for flag in NORM_FLAGS})  # every flag explicit, as the drafter has it
     aux["norm_flags_read"] = norm_flags_read(Path(out), engine)
     return Exported(engine, Path(out), target_for_engine, k, aux)
 
