@@ -31,7 +31,9 @@ from common.errors import BadInput
 from drafter.lean_ops import RMSNorm
 
 ARCHITECTURES = ("Eagle3DeepseekV3ForCausalLM", "Eagle3DeepseekV2ForCausalLM")
-MODEL_TYPE = "deepseek_v3"
+# vLLM 0.32 reads a draft of model_type deepseek_v3 as DeepSeek's MTP module (config/speculative.py,
+# hf_config_override); kimi_k2, what ModelOpt and TorchSpec write, maps to DeepseekV3Config as it is.
+MODEL_TYPE = "kimi_k2"
 KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 

@@ -118,7 +118,10 @@ def serve_script(exported: Exported, settings: vllm.Settings) -> str:
     if exported.engine != "sglang":
         cpu = not environment.has_cuda()
         env = vllm.server_env(cpu, base={})
-        if cpu:
+        if cpu and vllm.mla_drafter(exported.folder):
+            lines.append("# " + vllm.CPU_MLA_REFUSAL + ". The command below is the GPU's.")
+            env = vllm.server_env(False, base={})
+        elif cpu:
             lines.append("# vLLM-CPU: MLA off (no common KV block size with an EAGLE-3 drafter), and the rope fix")
         for key in sorted(env):
             value = env[key]

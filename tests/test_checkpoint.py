@@ -48,7 +48,7 @@ def test_every_family_round_trips_with_the_engines_names(tmp_path, family):
     names = set(read_header(tmp_path / "d"))
     raw = json.loads((tmp_path / "d" / "config.json").read_text())
     if model.config.mla is not None:
-        assert raw["architectures"] == ["Eagle3DeepseekV3ForCausalLM"] and raw["model_type"] == "deepseek_v3"
+        assert raw["architectures"] == ["Eagle3DeepseekV3ForCausalLM"] and raw["model_type"] == "kimi_k2"
         assert {"midlayer.self_attn.kv_a_proj_with_mqa.weight", "midlayer.self_attn.kv_b_proj.weight"} <= names
         assert "midlayer.self_attn.k_proj.weight" not in names and "head_dim" not in raw
     if model.config.fc_norm:
