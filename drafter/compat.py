@@ -286,12 +286,22 @@ def _hub_file(repo: str, filename: str, revision: str | None) -> Path:
 def drafter_facts(source: str | Path, revision: str | None = None) -> DrafterFacts:
     """A local drafter folder (headers + the small vocab tensors) or a hub id (headers only)."""
     from drafter.checkpoint import read_header, read_hub_header
+    from drafter.layouts import view
 
     path = Path(source)
     if path.exists():
-        cfg = DrafterConfig.from_file(path)
-        header = read_header(path)
-        return DrafterFacts(cfg, header, local_tensor_reader(path, header), str(path))
+        if not path.is_dir():
+            raise BadInput(f"{path}: not a drafter folder")
+        seen = view(path)  # any layout public drafters ship in, read as the project's (drafter/layouts.py)
+        if seen.layout == "project":
+            return DrafterFacts(seen.config, seen.header, local_tensor_reader(path, seen.header), str(path))
+        own = read_header(path)
+        reader = local_tensor_reader(path, own)
+
+        def read(name: str) -> torch.Tensor:
+            return seen.derived[name] if name in seen.derived else reader(seen.source_names[name])
+
+        return DrafterFacts(seen.config, seen.header, read, f"{path} ({seen.layout} layout)")
     repo, _, rev = str(source).removeprefix("hf://").partition("@")
     rev = revision or rev or None
     cfg = DrafterConfig.from_file(_hub_file(repo, "config.json", rev))

@@ -255,11 +255,8 @@ class DrafterConfig:
                 raise BadInput(f"{where}: field '{CONVENTION_KEY}': {exc}") from None
         rope = rope_from_config(raw, where)
         window = _window(raw, where)
-        if spec is not None and rope.rope_type != "default":
-            raise BadInput(
-                f"{where}: rope type {rope.rope_type!r} on an MLA draft layer is not supported (vLLM maps it to "
-                "its DeepSeek scaling, which the project does not reproduce); only default RoPE"
-            )
+        if spec is not None:
+            mla.check_rope(rope, where)
         if spec is not None and window is not None:
             raise BadInput(f"{where}: field 'layer_types': an MLA draft layer has no sliding window in vLLM or SGLang")
         engine_keys = ENGINE_KEYS if spec is None else MLA_ENGINE_KEYS
@@ -322,6 +319,8 @@ class DrafterConfig:
             del out["head_dim"]
             out.update(self.mla.to_dict())
         out.update({k: True for k in NORM_FLAGS if getattr(self, k)})  # absent means false to every loader
+        if self.rope.scaling() and not ({"rope_scaling", "rope_parameters"} & extra.keys()):
+            out["rope_scaling"] = self.rope.scaling()  # a config built here, not read: its RoPE written out
         out.update(ENGINE_KEYS if self.mla is None else MLA_ENGINE_KEYS)
         out.update(extra)  # layer_types and sliding_window, as read, ride here
         if self.sliding_window is not None:  # vLLM's Llama layers read both (layer_types per draft layer)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ from drafter.checkpoint import (
 )
 from drafter.config import ARCHITECTURE, DrafterConfig, read_json
 from drafter.model import Eagle3Drafter
-from drafter.speculators_format import from_speculators, is_speculators, to_speculators
+from drafter.speculators_format import from_speculators, is_speculators, project_config, to_speculators
 
 LAYOUTS = ("project", "speculators", "modelopt", "torchspec")
 PROJECT, ENGINE = "midlayer.", "layers.0."
@@ -118,33 +119,57 @@ def check_names(folder: Path, names: list[str]) -> None:
         raise BadInput(f"{folder}: decoder layers {', '.join(deeper)} beyond the first: an EAGLE-3 drafter has one")
 
 
+@dataclass
+class ProjectView:
+    """A folder in any layout as the project reads it, from headers alone: what the gate checks."""
+
+    layout: str
+    config: DrafterConfig
+    header: dict[str, TensorInfo]  # project names -> the tensor's header in the folder (or MAPS_FILE)
+    source_names: dict[str, str]  # project name -> its name in the folder
+    derived: dict[str, torch.Tensor]  # built on reading (t2d, and d2t for a whole-vocabulary head)
+
+
+def view(folder: str | Path) -> ProjectView:
+    """The project's reading of a drafter folder in any layout; refuses what fits none."""
+    folder = Path(folder)
+    layout = detect(folder)
+    header = read_header(folder)
+    where = str(folder / "config.json")
+    raw = read_json(folder / "config.json")
+    if layout == "project":
+        cfg = DrafterConfig.from_dict(raw, where)
+    elif layout == "speculators":
+        cfg = project_config(raw, where)
+    else:
+        cfg = (_modelopt_config if layout == "modelopt" else _torchspec_config)(raw, header, where)
+    derived = _vocab_maps(folder, header, cfg) if layout in ("modelopt", "torchspec") and "t2d" not in header else {}
+    names = {_project_name(n): n for n in header}
+    renamed = {p: header[n] for p, n in names.items()}
+    renamed.update({n: TensorInfo(TORCH_TO_ST[t.dtype], tuple(t.shape), MAPS_FILE) for n, t in derived.items()})
+    return ProjectView(layout, cfg, renamed, names, derived)
+
+
 def to_project(folder: str | Path, out: str | Path) -> Path:
     """A drafter folder in any layout as the project's, in `out` (the same tensor bytes; `t2d` built from
     `d2t` where the layout leaves it out). Nothing is written when the folder is refused."""
     folder, out = Path(folder), Path(out)
-    layout = detect(folder)
-    if layout == "speculators":
+    seen = view(folder)
+    if seen.layout == "speculators":
         return from_speculators(folder, out)
-    if layout == "project":
+    if seen.layout == "project":
         raise BadInput(f"{folder}: already in the project's layout")
-    raw = read_json(folder / "config.json")
-    header = read_header(folder)
-    where = str(folder / "config.json")
-    cfg = (_modelopt_config if layout == "modelopt" else _torchspec_config)(raw, header, where)
-    derived = _vocab_maps(folder, header, cfg) if "t2d" not in header else {}
-    renamed = {_project_name(n): info for n, info in header.items()}
-    renamed.update({n: TensorInfo(TORCH_TO_ST[t.dtype], tuple(t.shape), MAPS_FILE) for n, t in derived.items()})
-    problems = header_problems(renamed, cfg)
+    problems = header_problems(seen.header, seen.config)
     if problems:
-        raise BadInput(f"{folder}: {layout} layout does not match its config: " + "; ".join(problems))
-    weight_map = copy_tensors(folder, out, _project_name, header)
-    if derived:  # beside the copied shards, under an index that names every tensor's file
-        save_file(derived, str(out / MAPS_FILE), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(derived, MAPS_FILE))
-        total = sum(info.nbytes for info in renamed.values())
+        raise BadInput(f"{folder}: {seen.layout} layout does not match its config: " + "; ".join(problems))
+    weight_map = copy_tensors(folder, out, _project_name)
+    if seen.derived:  # beside the copied shards, under an index that names every tensor's file
+        save_file(seen.derived, str(out / MAPS_FILE), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(seen.derived, MAPS_FILE))
+        total = sum(info.nbytes for info in seen.header.values())
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-    cfg.save(out)
+    seen.config.save(out)
     return out
 
 

@@ -21,6 +21,7 @@ training, TTT and decoding are shared.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ from torch import nn
 
 from common.errors import BadInput
 from drafter.lean_ops import RMSNorm
+from drafter.rope import RopeSpec
 
 ARCHITECTURES = ("Eagle3DeepseekV3ForCausalLM", "Eagle3DeepseekV2ForCausalLM")
 # vLLM 0.32 reads a draft of model_type deepseek_v3 as DeepSeek's MTP module (config/speculative.py,
@@ -89,6 +91,25 @@ class MLASpec:
         return out
 
 
+def softmax_factor(rope: RopeSpec | None) -> float:
+    """DeepSeek's YaRN also scales the softmax, by mscale(factor, mscale_all_dim) squared (vLLM's
+    `deepseek_yarn`, deepseek_v2.py; the rotary angles and their cos/sin factor are drafter/rope.py's yarn)."""
+    if rope is None or rope.rope_type != "yarn":
+        return 1.0
+    m = 0.1 * float(rope.mscale_all_dim or 0.0) * math.log(rope.factor) + 1.0 if rope.factor > 1 else 1.0
+    return m * m
+
+
+def check_rope(rope: RopeSpec, where: str) -> None:
+    """An MLA layer's RoPE as vLLM maps it: default, or YaRN (served as deepseek_yarn); anything else it
+    serves as DeepSeek's scaling, which the project does not reproduce."""
+    if rope.rope_type not in ("default", "yarn") or (rope.rope_type == "yarn" and rope.attention_factor == 1.0):
+        raise BadInput(
+            f"{where}: rope type {rope.rope_type!r} on an MLA draft layer is not supported (vLLM serves it as "
+            "DeepSeek's own scaling); only default RoPE and YaRN"
+        )
+
+
 def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """GPT-J / DeepSeek rotary: dimensions (2i, 2i+1) rotate by angle i. cos/sin as drafter.model's
     Rotary gives them ([B or 1, T, d], the d/2 angles twice); x: [B, heads, T, d]."""
@@ -101,10 +122,11 @@ def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 class MLAAttention(nn.Module):
     """Multi-head latent attention over the draft layer's [embed; hidden] input (2h wide)."""
 
-    def __init__(self, hidden: int, heads: int, spec: MLASpec, eps: float) -> None:
+    def __init__(self, hidden: int, heads: int, spec: MLASpec, eps: float, rope: RopeSpec | None = None) -> None:
         super().__init__()
         self.spec, self.n_heads, self.n_kv = spec, heads, heads
         self.head_dim = spec.qk_head_dim  # the query/key width: the softmax is scaled by it
+        self.softmax_scale = spec.qk_head_dim**-0.5 * softmax_factor(rope)
         width_in = 2 * hidden
         if spec.q_lora_rank is None:
             self.q_proj = nn.Linear(width_in, heads * spec.qk_head_dim, bias=False)

@@ -97,7 +97,7 @@ class MidLayer(nn.Module):
         self.self_attn = (
             Attention(cfg)
             if cfg.mla is None
-            else MLAAttention(cfg.hidden_size, cfg.num_attention_heads, cfg.mla, cfg.rms_norm_eps)
+            else MLAAttention(cfg.hidden_size, cfg.num_attention_heads, cfg.mla, cfg.rms_norm_eps, cfg.rope)
         )
         self.norm_before_residual = cfg.norm_before_residual
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -306,7 +306,7 @@ class Eagle3Drafter(nn.Module):
                 allowed0 = allowed0 & (segment_ids[:, :, None] == segment_ids[:, None, :])
         scored, needed = _step_positions(pred_mask, ttt_length, b, t, device, segment_ids)
         attn = self.midlayer.self_attn
-        scale = 1.0 / math.sqrt(attn.head_dim)
+        scale = getattr(attn, "softmax_scale", 1.0 / math.sqrt(attn.head_dim))
         keys0 = values0 = None
         diag_k: list[torch.Tensor] = []  # full layout [B, h, T, d]; read only where later steps run
         diag_v: list[torch.Tensor] = []
@@ -421,7 +421,11 @@ class Eagle3Drafter(nn.Module):
         if self.config.sliding_window is not None:  # key i sits at position i: the cache, then the chain
             mask = mask & (positions[:, None] - torch.arange(n_keys, device=q.device) < self.config.sliding_window)
         out = F.scaled_dot_product_attention(
-            q, attn.expand_kv(keys), attn.expand_kv(values), attn_mask=mask[None, None]
+            q,
+            attn.expand_kv(keys),
+            attn.expand_kv(values),
+            attn_mask=mask[None, None],
+            scale=getattr(attn, "softmax_scale", None),
         )
         out = out.transpose(1, 2).reshape(1, n_new, -1)
         return self.carry(self.midlayer.finish(out, hidden)), k, v

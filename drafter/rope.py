@@ -38,6 +38,22 @@ class RopeSpec:
     attention_factor: float | None = None
     truncate: bool = True
 
+    def scaling(self) -> dict[str, Any] | None:
+        """`rope_scaling` as a config spells it (None for default RoPE)."""
+        if self.rope_type == "default":
+            return None
+        out: dict[str, Any] = {"rope_type": self.rope_type, "factor": self.factor}
+        if self.original_max_position_embeddings is not None:
+            out["original_max_position_embeddings"] = self.original_max_position_embeddings
+        if self.rope_type == "llama3":
+            out.update(low_freq_factor=self.low_freq_factor, high_freq_factor=self.high_freq_factor)
+        if self.rope_type == "yarn":
+            out.update(beta_fast=self.beta_fast, beta_slow=self.beta_slow)
+            for key in ("mscale", "mscale_all_dim", "attention_factor"):
+                if getattr(self, key) is not None:
+                    out[key] = getattr(self, key)
+        return out
+
     def frequencies(self, head_dim: int, max_position_embeddings: int) -> tuple[torch.Tensor, float]:
         """(inverse frequencies [head_dim / 2], the factor cos and sin are scaled by)."""
         base = 1.0 / (self.theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))

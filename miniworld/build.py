@@ -7,7 +7,9 @@ It replays the seed's story in miniature with real trained models:
 3. k2.5-mini: k2-mini continued on a mix shifted to era two, saved the way Kimi-K2.5 ships;
 4. prompt sets whose assistant turns each target wrote itself (greedy), as SpecForge regenerates data;
 5. aq-mini-eagle3: an EAGLE-3 drafter trained (drafter/train.py, DeepSpeed) on k2-mini hidden states
-   from 20x more conversations than the K2.5 fine-tuning set, saved like AQ-MedAI's release.
+   from 20x more conversations than the K2.5 fine-tuning set, saved like AQ-MedAI's release;
+6. (`--stage families`, over the pool) the K2.5-era public drafters of every family, trained for k2.5-mini
+   and shipped in their exporters' layouts (miniworld/families.py).
 Figures and hashes land in miniworld/build_record.json.
 """
 
@@ -621,6 +623,22 @@ def build(cfg: BuildConfig, out: Path, stage: str = "all") -> dict:
     return record
 
 
+def build_families_stage(cfg: BuildConfig, out: Path, quick: bool = False) -> dict:
+    """The K2.5-era family drafters (miniworld/families.py) over an earlier full build."""
+    from miniworld.families import RECIPES, build_families
+
+    record = json.loads((out / "build_record.json").read_text())
+    if record.get("config") != asdict(cfg):
+        raise SystemExit("--stage families needs an earlier full build with the same settings")
+    t0 = time.perf_counter()
+    record.setdefault("figures", {})["families"] = build_families(out, capture_set, AUX_LAYERS, cfg.seed, quick)
+    record.setdefault("stage_seconds", {})["families"] = time.perf_counter() - t0
+    for recipe in RECIPES:
+        record["artifacts"][recipe.name] = sha256_tree(out / recipe.name)
+    (out / "build_record.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         prog="python -m miniworld.build", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -629,10 +647,11 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="a few steps of everything (smoke test, not for use)")
     p.add_argument(
         "--stage",
-        choices=["all", "drafter", "pool", "workload", "long"],
+        choices=["all", "drafter", "pool", "workload", "long", "families"],
         default="all",
         help="'drafter': retrain aq-mini-eagle3 only; 'pool': write the K2.5 conversation pool; 'workload': write the "
-        "traffic classes of the deployment profile; 'long': its long-context class; each over an "
+        "traffic classes of the deployment profile; 'long': its long-context class; 'families': the K2.5-era "
+        "drafters of every family (MLA/TorchSpec, ModelOpt, speculators); each over an "
         "earlier full build in --out",
     )
     args = p.parse_args()
@@ -655,6 +674,9 @@ def main() -> None:
         return
     if args.stage == "workload":
         print(json.dumps(build_workload(cfg, Path(args.out))["workload"], indent=2))
+        return
+    if args.stage == "families":
+        print(json.dumps(build_families_stage(cfg, Path(args.out), args.quick)["figures"]["families"], indent=2))
         return
     if args.stage == "long":
         print(json.dumps(build_long(cfg, Path(args.out))["workload"]["classes"]["long"], indent=2))

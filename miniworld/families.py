@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,10 +127,11 @@ def drafter_config(recipe: Recipe, target: Path, aux: list[int], draft_vocab: in
     )
 
 
-def build_families(out: Path, seed: int = 0, quick: bool = False) -> dict[str, Any]:
-    """Every recipe over an earlier full build in `out`; returns {name: figures}."""
-    from miniworld.build import AUX_LAYERS, capture_set
-
+def build_families(
+    out: Path, capture_set: Callable[[Path, list[dict], Path], Path], aux: list[int], seed: int = 0, quick: bool = False
+) -> dict[str, Any]:
+    """Every recipe over an earlier full build in `out` (`capture_set`: the build's capture of a target's
+    states for conversations); returns {name: figures}."""
     prompts = out / "prompts"
     pool = _records(prompts / "k2.5-pool.jsonl")
     train_set = _records(prompts / "k2.5-train.jsonl")
@@ -143,7 +145,7 @@ def build_families(out: Path, seed: int = 0, quick: bool = False) -> dict[str, A
             if quick:
                 records, recipe = records[:16], Recipe(**{**recipe.__dict__, "steps": 10})
             data = capture_set(out / "k2.5-mini", records, tmp / recipe.name)
-            figures[recipe.name] = build_family(recipe, out, data, val, AUX_LAYERS, draft_vocab, seed)
+            figures[recipe.name] = build_family(recipe, out, data, val, aux, draft_vocab, seed)
     return figures
 
 

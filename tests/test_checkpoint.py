@@ -56,7 +56,7 @@ def test_every_family_round_trips_with_the_engines_names(tmp_path, family):
         assert raw["fc_norm"] is raw["norm_output"] is raw["norm_before_residual"] is True
     loaded = load_drafter(tmp_path / "d", dtype=torch.bfloat16)
     assert_same_state(model, loaded)
-    assert loaded.config == model.config
+    assert loaded.config.to_dict() == model.config.to_dict() and loaded.config.rope == model.config.rope
 
 
 def test_checkpoint_with_aq_medai_key_names_loads_and_runs(tmp_path):

@@ -55,6 +55,26 @@ def test_real_k2_drafter_fits_real_k25(k2_sparse_drafter, tmp_path):
     assert next(c for c in checks if c.name == "d2t/t2d consistent").ok is True
 
 
+@pytest.mark.parametrize("family", range(3), ids=["k2-llama", "k25-mla-torchspec", "k25-mla-modelopt"])
+def test_each_public_family_fits_real_k25_from_headers_alone(tmp_path, family):
+    """The real shapes of each public family's drafter, in the layout it ships in, gate against Kimi-K2.5
+    from headers and the small vocab maps: passed, with the family's own tensors checked."""
+    from bench._common import bytes_read
+    from bench.gate import FAMILIES, k25_target, sparse_drafter
+
+    name, config, layout = FAMILIES[family]
+    sparse_drafter(tmp_path / "d", config, layout)
+    target = k25_target(tmp_path / "t")
+    before = bytes_read()
+    checks = check_compat(drafter_facts(tmp_path / "d"), target_facts(target))
+    assert bytes_read() - before < 2**20
+    assert verdict(checks) == "passed", [c for c in checks if c.ok is False]
+    kind = next(c for c in checks if c.name == "draft layer family")
+    assert kind.expected == ("llama" if family == 0 else "mla")
+    if family:
+        assert any(c.name == "midlayer.self_attn.kv_b_proj.weight" and c.ok for c in checks)
+
+
 def test_config_only_target_leaves_weight_checks_unchecked(k2_sparse_drafter, tmp_path):
     checks = check_compat(drafter_facts(k2_sparse_drafter), target_facts(k25_target(tmp_path, weights=False)))
     assert passed(checks) and verdict(checks) == "passed-config-only"  # "not checked" is never a pass

@@ -10,6 +10,7 @@ import torch
 from drafter.config import DrafterConfig
 from drafter.mla import MLASpec
 from drafter.model import Eagle3Drafter
+from drafter.rope import RopeSpec
 from drafter.vocab import build_vocab_maps
 
 REFERENCE = Path(__file__).resolve().parents[2] / "configs" / "reference"
@@ -43,6 +44,10 @@ FAMILIES = {
     "mla-no-q-lora": dict(mla=MLASpec(kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)),
     "llama-eagle3.1": EAGLE31,
     "mla-eagle3.1": dict(mla=TINY_MLA, **EAGLE31),
+    "mla-yarn": dict(
+        mla=TINY_MLA,
+        rope=RopeSpec("yarn", factor=4.0, original_max_position_embeddings=64, mscale=1.0, mscale_all_dim=1.0),
+    ),  # fmt: skip
 }
 
 
