@@ -301,7 +301,7 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
     run = mlflow.active_run().info
     link = compare_runs_link(c, [cand.record.run_id for cand in gated])
     text = "\n".join([
-        f"## compare on {profile.name} ({request.engine}, k={profile.draft_steps})", "", verdict, "", who,
+        verdict, "", f"## compare on {profile.name} ({request.engine}, k={profile.draft_steps})", "", who,
         *(["", "Left out:", *left_out] if left_out else []), "",
         report.markdown(ranking, figures, be, floor, share, incumbent, evidence), "",
         "Every pair (paired: the same prompts resampled for both; unpaired: each resampled on its own):", "",
