@@ -25,22 +25,22 @@ def rows(ranking: Ranking, figures: Figures, break_even: float, floor: float, mi
         row: dict[str, object] = {
             "rank": rank_label(ranking, label),
             "drafter": label,
-            "accept_len": round(mix.accept_len, 4),
-            "ci_low": round(mix.ci_low, 4),
-            "ci_high": round(mix.ci_high, 4),
-            "projected_speedup": round(mix.speedup, 4),
+            "accept_len": mix.accept_len,
+            "ci_low": mix.ci_low,
+            "ci_high": mix.ci_high,
+            "projected_speedup": mix.speedup,
             "beats_break_even": "yes"
             if mix.ci_low > break_even
             else ("mean only" if mix.accept_len > break_even else "no"),  # fmt: skip
         }
         if incumbent is not None and label != incumbent:
             d = ranking.between(label, incumbent)
-            row |= {"vs_incumbent": round(d.estimate, 4), "vs_incumbent_low": round(d.low, 4),
-                    "vs_incumbent_high": round(d.high, 4)}  # fmt: skip
+            row |= {"vs_incumbent": d.estimate, "vs_incumbent_low": d.low,
+                    "vs_incumbent_high": d.high}  # fmt: skip
         for c in classes:
             held = c.share >= min_share
-            row[f"{c.name}_accept_len"] = round(c.accept_len, 4)
-            row[f"{c.name}_speedup"] = round(c.speedup, 4)
+            row[f"{c.name}_accept_len"] = c.accept_len
+            row[f"{c.name}_speedup"] = c.speedup
             row[f"{c.name}_floor"] = ("ok" if c.speedup >= floor else "below") if held else "not held (share)"
         row["evidence"] = evidence[label]
         out.append(row)
@@ -135,7 +135,7 @@ def figure(ranking: Ranking, figures: Figures, break_even: float, floor: float, 
     colors = ["tab:green" if m.ci_low > break_even else ("tab:orange" if m.accept_len > break_even else "tab:red")
               for m in mixes]  # fmt: skip
     left.bar(
-        [f"{rank_label(ranking, x)}. {x}" for x in order],
+        [f"{x} (rank {rank_label(ranking, x)})" for x in order],
         [m.accept_len for m in mixes],
         color=colors,
         yerr=[[m.accept_len - m.ci_low for m in mixes], [m.ci_high - m.accept_len for m in mixes]],
