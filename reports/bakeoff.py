@@ -156,7 +156,8 @@ def figure(ranking: Ranking, figures: Figures, break_even: float, floor: float, 
             yerr=[[c.accept_len - c.ci_low for c in cs], [c.ci_high - c.accept_len for c in cs]],
             capsize=3,
         )
-    right.axhline(break_even, color="black", linestyle="--")
+    right.axhline(break_even, color="black", linestyle="--",
+                  label="break-even = class floor 1x" if floor == 1.0 else f"break-even {break_even:.2f}")  # fmt: skip
     if floor != 1.0:
         right.axhline(floor * break_even, color="tab:red", linestyle=":", label=f"class floor {floor:g}x")
     right.set_xticks(xs, [f"{c.name}\n{c.share:.0%}" for c in figures[order[0]][0]])
