@@ -1,0 +1,368 @@
+"""`compare`: a paired bake-off of drafters on a profile's pinned workload. Imports what is not registered
+yet, gates each candidate against the profile's target, evaluates on one engine with the profile's settings
+only where no valid signed evidence exists (the rest is reused), ranks by the traffic mix with paired
+per-prompt intervals (registry/bakeoff.py, serving/paired.py), and with --promote hands the winner to
+`promote` when it beats the incumbent by a paired interval above zero.
+
+    python -m steps.compare --candidates miniworld/aq-mini-eagle3,models:/k2.5-mini-eagle3@candidate \\
+        --profile kimi-k2.5-8xrtxpro6000 [--promote]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common.errors import BadInput, GateRefused, InternalError
+from steps._cli import log_figure, log_params, parser, remember_asked, run_link, run_step, step_run
+
+
+def build() -> argparse.ArgumentParser:
+    p = parser("compare", __doc__)
+    p.add_argument("--candidates", default="", help="comma-separated drafters: models:/name/N, models:/name@alias, "
+                   "local folders or hub ids")  # fmt: skip
+    p.add_argument("--profile", default="kimi-k2.5-8xrtxpro6000")
+    p.add_argument("--engine", default="in-process", choices=["in-process", "vllm", "sglang"],
+                   help="where every candidate is measured (evidence of another engine is not reused)")  # fmt: skip
+    p.add_argument("--promote", nargs="?", const="yes", default="no", choices=["yes", "no"],
+                   help="promote the winner to production when the promotion rule allows it and it beats the "
+                   "incumbent by a paired interval above zero")  # fmt: skip
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    return p
+
+
+@dataclass
+class Staged:
+    """A candidate to import: the folder in the project's layout and what import_drafter read from it."""
+
+    folder: Path
+    header: dict
+    converted: dict[str, str]
+    source_tag: str
+    commit: str | None
+
+
+@dataclass
+class Candidate:
+    arg: str  # as given
+    sha: str  # the weights' digest: the same weights named twice are one candidate
+    mv: Any = None  # the registered version (after import, for a folder or hub id)
+    staged: Staged | None = None
+    record: Any = None  # the evidence record it is ranked on
+    evaluated: bool = False  # measured by this compare (else reused)
+    gate: str = ""
+    incumbent: bool = False  # production's holder (named, or added to be compared with)
+    named: bool = False  # its label names the registered model too (candidates of several models)
+
+    @property
+    def label(self) -> str:
+        return f"{self.mv.name}/v{self.mv.version}" if self.named else f"v{self.mv.version}"
+
+
+@dataclass
+class Request:
+    args: argparse.Namespace
+    profile: Any
+    dep: Any
+    engine: str
+    promote: bool
+    candidates: list[Candidate]
+
+
+def run(args: argparse.Namespace) -> int:
+    from registry import store
+
+    c = store.client()
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))  # imports staged until registered
+        request = parse(args, c, tmp)  # every check that can refuse: nothing is written before it passes
+        t0 = time.perf_counter()
+        with step_run("compare", run_name=f"compare {len(request.candidates)} drafters @ {request.profile.name}"):
+            log_params({"candidates": args.candidates, "profile": request.profile.name, "engine": request.engine,
+                        "promote": "yes" if request.promote else "no"})  # fmt: skip
+            register(request)
+            gated = gate(request)
+            measure(c, request, gated)
+            outcome = decide(c, request, gated)
+            outcome.seconds = time.perf_counter() - t0
+            publish(request, gated, outcome)
+    print(outcome.text)
+    print(f"\ncompare: {outcome.final}\n  this run:      {run_link(c, outcome.run_id)}\n"
+          f"  the children:  {outcome.compare_link}")  # fmt: skip
+    return outcome.code
+
+
+def parse(args: argparse.Namespace, c: Any, tmp: Path) -> Request:
+    """The profile, its deployment, every candidate found (registered, or staged for import) and told apart,
+    and the keys the bake-off will sign with."""
+    from registry.deployment import check_target, deployment
+    from serving.profile import load_profile
+    from steps.evaluate import require_evaluator_key
+    from steps.promote import require_promoter_key
+
+    profile = load_profile(args.profile)
+    names = [x.strip() for x in str(args.candidates).split(",")]
+    if not any(names):
+        raise BadInput("--candidates: no candidate given (comma-separated registry URIs, folders or hub ids)")
+    if "" in names:
+        raise BadInput(f"--candidates: an empty entry in {args.candidates!r}")
+    repeated = sorted({x for x in names if names.count(x) > 1})
+    if repeated:
+        raise BadInput(f"--candidates: {', '.join(repeated)} named more than once")
+    if not profile.workload:
+        raise BadInput(f"profile {profile.name} pins no evaluation prompts: a bake-off needs the same prompts for all")
+    dep = deployment(profile)
+    check_target(dep)
+    candidates = [find(c, name, dep.target, tmp / f"c{i}") for i, name in enumerate(names)]
+    same: dict[str, str] = {}
+    for cand in candidates:
+        if cand.sha in same:
+            raise BadInput(f"--candidates: {same[cand.sha]} and {cand.arg} are the same weights")
+        same[cand.sha] = cand.arg
+    candidates += incumbents(c, candidates, dep.target)
+    promote = args.promote == "yes"
+    if promote:
+        require_promoter_key()
+    from registry.bakeoff import reusable_record
+
+    for cand in candidates:
+        if cand.mv is not None:
+            cand.record = reusable_record(c, cand.mv, profile, dep, args.engine)
+    if any(cand.record is None for cand in candidates):
+        require_evaluator_key(profile)  # it will measure: a key whose records would count for nothing is refused
+    return Request(args, profile, dep, args.engine, promote, candidates)
+
+
+def find(c: Any, name: str, target: str, tmp: Path) -> Candidate:
+    """A registry URI as the version it names; a folder or hub id read as import_drafter reads it (layout,
+    headers against the config), matched to a registered version of the same weights when there is one."""
+    from registry import naming, store
+
+    if name.startswith("models:/"):
+        mv = store.get_version(name, c)
+        return Candidate(name, mv.tags.get(naming.TAG_SHA256) or f"{mv.name}/{mv.version}", mv)
+    from steps import import_drafter
+
+    folder, source_tag, commit = import_drafter.fetch(name, None)
+    folder, converted = import_drafter.project_layout(folder, tmp, False)
+    header = import_drafter.checked_header(folder)
+    sha = store.weights_sha256(store.file_hashes(folder))
+    mv = store.find_complete_version(c, naming.model_name_for(target), sha)
+    return Candidate(name, sha, mv, None if mv is not None else Staged(folder, header, converted, source_tag, commit))
+
+
+def register(request: Request) -> None:
+    """Import each staged candidate with import_drafter's own registration (a nested run, alias `imported`)."""
+    from registry import store
+    from steps import import_drafter
+
+    for cand in request.candidates:
+        if cand.staged is None:
+            continue
+        s = cand.staged
+        args = import_drafter.build().parse_args(["--source", cand.arg, "--target", request.dep.target])
+        remember_asked(args)
+        done = import_drafter.register(args, s.folder, s.header, s.converted, s.source_tag, s.commit)
+        cand.mv = store.client().get_model_version(done.name, done.version)
+        print(f"compare: {cand.arg} imported as models:/{done.name}/{done.version}")
+    several = len({cand.mv.name for cand in request.candidates}) > 1
+    for cand in request.candidates:
+        cand.named = several
+
+
+def incumbents(c: Any, candidates: list[Candidate], target: str) -> list[Candidate]:
+    """Production's sanctioned holder of each registered model the candidates belong to (as `promote` reads
+    it, from the signed chain): a candidate when named, else added to the bake-off, so every candidate is
+    compared with it, paired."""
+    from mlflow.exceptions import MlflowException
+
+    from registry import naming, sanction
+
+    added = []
+    names = {cand.mv.name if cand.mv is not None else naming.model_name_for(target) for cand in candidates}
+    for name in sorted(names):
+        try:
+            held = sanction.holder(c, name, "production").version
+        except MlflowException:  # no such registered model yet: its first import makes it
+            continue
+        if held is None:
+            continue
+        mine = [x for x in candidates if x.mv is not None and (x.mv.name, str(x.mv.version)) == (name, str(held))]
+        if mine:
+            mine[0].incumbent = True
+            continue
+        mv = c.get_model_version(name, held)
+        added.append(Candidate(f"models:/{name}@production", mv.tags.get(naming.TAG_SHA256) or f"{name}/{held}", mv,
+                               incumbent=True))  # fmt: skip
+    return added
+
+
+def gate(request: Request) -> list[Candidate]:
+    """Every candidate through the shape gate against the profile's target (its own run and version tags);
+    the ones that fail leave the bake-off, said on the terminal."""
+    from steps import shape_gate
+
+    passed = []
+    for cand in request.candidates:
+        uri = f"models:/{cand.mv.name}/{cand.mv.version}"
+        args = shape_gate.build().parse_args(["--model", uri, "--target", request.dep.target])
+        remember_asked(args)
+        result = shape_gate.measure(args)
+        shape_gate.publish(args, result)
+        cand.gate = result.result
+        if result.ok:
+            passed.append(cand)
+        else:
+            print(f"compare: {cand.arg} ({cand.label}) fails the shape gate against {request.dep.target}: "
+                  f"{result.lines[-1]}; left out")  # fmt: skip
+    if not passed:
+        raise GateRefused(f"no candidate passes the shape gate against {request.dep.target}")
+    return passed
+
+
+def measure(c: Any, request: Request, gated: list[Candidate]) -> None:
+    """`evaluate` itself (its run nested here, its signed record) for each candidate without valid evidence."""
+    from registry.bakeoff import reusable_record
+    from steps import evaluate
+
+    for cand in gated:
+        if cand.record is not None:
+            print(f"compare: {cand.label} reuses evaluation run {cand.record.run_id}")
+            continue
+        argv = ["--model", f"models:/{cand.mv.name}/{cand.mv.version}", "--target", request.dep.target,
+                "--profile", request.args.profile, "--engine", request.engine]  # fmt: skip
+        args = evaluate.build().parse_args(argv + ([] if request.args.progress else ["--no-progress"]))
+        remember_asked(args)
+        evaluate.run(args)
+        cand.record = reusable_record(c, cand.mv, request.profile, request.dep, request.engine)
+        if cand.record is None:
+            raise InternalError(f"evaluate measured {cand.label} but left no record that stands for "
+                                f"{request.profile.name}")  # fmt: skip
+        cand.evaluated = True
+
+
+@dataclass
+class Outcome:
+    ranking: Any
+    figures: Any
+    break_even: float
+    incumbent: str | None
+    text: str
+    verdict: str
+    final: str
+    code: int
+    compare_link: str
+    run_id: str = ""
+    promotion: str = ""
+    seconds: float = 0.0
+
+
+def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
+    """The ranking and its tables; with --promote, the winner handed to `promote` when the bake-off allows."""
+    import mlflow
+
+    from registry.bakeoff import classes_of, may_promote
+    from reports import bakeoff as report
+    from serving.cost import break_even_accept_len
+    from serving.paired import rank
+    from serving.workload import class_figures
+
+    profile = request.profile
+    be = break_even_accept_len(profile.binding())  # every class and the mix are held to the hardest point
+    counts = {cand.label: classes_of(cand.record, profile) for cand in gated}
+    ranking = rank(counts)
+    figures = {label: class_figures(parts, be) for label, parts in counts.items()}
+    incumbent = next((cand.label for cand in gated if cand.incumbent), None)
+    evidence = {cand.label: f"{'evaluated' if cand.evaluated else 'reused'} {cand.record.run_id[:8]}" for cand in gated}
+    verdict = report.verdict(ranking, figures, be, profile.name, incumbent)
+    code, final, promotion = 0, "ranked; nothing promoted (no --promote)", ""
+    if request.promote:
+        winner = ranking.order[0]
+        versus = ranking.between(winner, incumbent) if incumbent not in (None, winner) else None
+        check = may_promote(winner, incumbent, versus)
+        if check.allowed:
+            code = promote_winner(next(x for x in gated if x.label == winner), request)
+            said = "promoted to production" if code == 0 else "refused by the promotion rule"
+            promotion = f"{check.reason}; promote: {said}"
+        else:
+            code, promotion = 1, f"not promoted: {check.reason}"
+        final = promotion
+        verdict += f" {promotion[0].upper()}{promotion[1:]}."
+    floor, share = profile.class_floor, profile.min_share
+    who = "\n".join(f"- {cand.label}: {cand.arg}" + (" (production's holder)" if cand.incumbent else "")
+                    for cand in gated)  # fmt: skip
+    left_out = [f"- {cand.arg}: shape gate {cand.gate}" for cand in request.candidates if cand not in gated]
+    run = mlflow.active_run().info
+    link = compare_runs_link(c, [cand.record.run_id for cand in gated])
+    text = "\n".join([
+        verdict, "", f"## compare on {profile.name} ({request.engine}, k={profile.draft_steps})", "", who,
+        *(["", "Left out:", *left_out] if left_out else []), "",
+        report.markdown(ranking, figures, be, floor, share, incumbent, evidence), "",
+        "Every pair (paired: the same prompts resampled for both; unpaired: each resampled on its own):", "",
+        report.pairs_markdown(ranking), "", f"The child evaluations side by side: {link}",
+    ])  # fmt: skip
+    return Outcome(ranking, figures, be, incumbent, text, verdict, final, code, link, run.run_id, promotion)
+
+
+def promote_winner(cand: Candidate, request: Request) -> int:
+    """The promotion rule, as `promote` applies it (its own run, audit line and sanction): 0 promoted, 1 refused."""
+    from steps import promote
+
+    args = promote.build().parse_args(["--model", f"models:/{cand.mv.name}/{cand.mv.version}",
+                                       "--profile", request.args.profile, "--stage", "production"])  # fmt: skip
+    remember_asked(args)
+    return promote.run(args)
+
+
+def compare_runs_link(c: Any, run_ids: list[str]) -> str:
+    """MLflow's compare-runs view of these runs (the UI's own route: JSON lists of run and experiment ids)."""
+    runs = list(dict.fromkeys(run_ids))
+    experiments = list(dict.fromkeys(c.get_run(r).info.experiment_id for r in runs))
+    return (f"http://127.0.0.1:5000/#/compare-runs?runs={json.dumps(runs, separators=(',', ':'))}"
+            f"&experiments={json.dumps(experiments, separators=(',', ':'))}")  # fmt: skip
+
+
+def publish(request: Request, gated: list[Candidate], o: Outcome) -> None:
+    """The parent run: the verdict first in its description, the ranking table, the figure, the pairs, the link."""
+    import mlflow
+    import pandas as pd
+
+    from reports import bakeoff as report
+
+    profile, ranking = request.profile, o.ranking
+    mlflow.set_tag("mlflow.note.content", o.text)
+    mlflow.log_text(o.text + "\n", "compare.md")
+    rows = report.rows(ranking, o.figures, o.break_even, profile.class_floor, profile.min_share, o.incumbent,
+                       {cand.label: cand.record.run_id for cand in gated})  # fmt: skip
+    mlflow.log_table(pd.DataFrame(rows), artifact_file="ranking.json")
+    pairs = [{"a": a, "b": b, "difference": d.estimate, "paired_low": d.low, "paired_high": d.high,
+              "unpaired_low": d.unpaired_low, "unpaired_high": d.unpaired_high, "paired_narrower": d.narrower,
+              "tied": d.tied, "prompts": d.prompts} for (a, b), d in ranking.pairs.items()]  # fmt: skip
+    if pairs:
+        mlflow.log_table(pd.DataFrame(pairs), artifact_file="pairs.json")
+    log_figure(report.figure(ranking, o.figures, o.break_even, profile.class_floor, profile.draft_steps,
+                             f"bake-off on {profile.name}"), "compare.png")  # fmt: skip
+    top = ranking.order[0]
+    mlflow.set_tags({"compare.winner": top, "compare.compare_runs": o.compare_link,
+                     "compare.evaluated": ",".join(x.label for x in gated if x.evaluated) or "none",
+                     "compare.reused": ",".join(x.label for x in gated if not x.evaluated) or "none",
+                     "compare.outcome": o.final[:4000]})  # fmt: skip
+    metrics = {"winner_accept_len": o.figures[top][1].accept_len, "break_even_accept_len": o.break_even,
+               "evaluated": float(sum(x.evaluated for x in gated)), "compare_seconds": o.seconds}  # fmt: skip
+    if pairs:
+        metrics["median_paired_narrower"] = float(sorted(p["paired_narrower"] for p in pairs)[len(pairs) // 2])
+    mlflow.log_metrics(metrics)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_step("compare", build, run, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""`compare`: bad input refused before anything is written (fast), and the bake-off on the mini world's real
+drafters (full tier): the imported flagship, the scratch drafter and production's fine-tuned holder, ranked
+paired on a pinned two-class workload, evidence reused the second time, --promote through the rule."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from common.paths import MINIWORLD
+from tests.helpers.checks import one_line_exit_2
+from tests.helpers.steps import run_step
+
+FLAGSHIP = str(MINIWORLD / "aq-mini-eagle3")
+NAME = "k2.5-mini-eagle3"
+
+
+def _client(folder: Path):
+    from mlflow import MlflowClient
+
+    return MlflowClient(f"sqlite:///{folder}/mlflow.db")
+
+
+@pytest.mark.parametrize(
+    ("candidates", "profile", "said"),
+    [
+        (FLAGSHIP, "no-such-profile", "unknown profile 'no-such-profile'"),
+        (" , ", "kimi-k2.5-8xrtxpro6000", "no candidate given"),
+        (f"{FLAGSHIP},{FLAGSHIP}", "kimi-k2.5-8xrtxpro6000", "named more than once"),
+        (f"{FLAGSHIP},{FLAGSHIP}/", "kimi-k2.5-8xrtxpro6000", "are the same weights"),
+        (f"{FLAGSHIP},/no/such/drafter", "kimi-k2.5-8xrtxpro6000", "/no/such/drafter"),
+    ],
+)
+def test_bad_input_is_one_line_and_registers_nothing(tmp_path, candidates, profile, said):
+    """Every refusal comes before the first import: the flagship named beside a bad candidate is not registered."""
+    res = run_step("compare", ["--candidates", candidates, "--profile", profile], tmp_path, here=True)
+    one_line_exit_2(res, said)
+    assert _client(tmp_path).search_registered_models() == []
+
+
+def _subset(src: Path, dst: Path, n: int) -> str:
+    from common.prompt_files import file_digest
+
+    dst.write_text("".join(line + "\n" for line in src.read_text().splitlines()[:n]))
+    return file_digest(dst)
+
+
+def _bake_profile(tmp: Path) -> Path:
+    """Two traffic classes of the mini world's workload (code 70%, docs 30%), 8 prompts each, 16 new tokens, at
+    a break-even every drafter clears (0.3): the rule lets the winner through, the paired check decides."""
+    prompts = MINIWORLD / "prompts"
+    code = _subset(prompts / "workload-code.jsonl", tmp / "bake-code.jsonl", 8)
+    docs = _subset(prompts / "workload-docs.jsonl", tmp / "bake-docs.jsonl", 8)
+    path = tmp / "bake.yaml"
+    path.write_text(
+        "name: bake\nbaseline_tps: 10\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\nmin_prompts: 16\n"
+        f"eval_max_new_tokens: 16\ntarget: {MINIWORLD / 'k2.5-mini'}\nworkload:\n"
+        f"  - {{name: code, prompts: bake-code.jsonl, sha256: {code}, share: 0.7}}\n"
+        f"  - {{name: docs, prompts: bake-docs.jsonl, sha256: {docs}, share: 0.3}}\n"
+    )
+    return path
+
+
+def _evaluate_runs(c) -> list:
+    from tests.helpers.stores import all_runs
+
+    return [r for r in all_runs(c) if r.data.tags.get("drafterops.step") == "evaluate"]
+
+
+def _compare_run(c, run_id_hint: str = ""):
+    from tests.helpers.stores import all_runs
+
+    runs = [r for r in all_runs(c) if r.data.tags.get("drafterops.step") == "compare"]
+    return max(runs, key=lambda r: r.info.start_time)
+
+
+@pytest.mark.full
+def test_compare_ranks_real_drafters_paired_reuses_evidence_and_promotes_through_the_rule(small_main_job, tmp_path):
+    from mlflow.artifacts import download_artifacts
+
+    from registry import evidence
+    from registry.deployment import trust_for
+    from serving.profile import load_profile
+
+    src, ran = small_main_job
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    shutil.copy(src / "mlflow.db", tmp_path / "mlflow.db")  # artifact locations in it are absolute
+    c = _client(tmp_path)
+    production = str(c.get_model_version_by_alias(NAME, "production").version)  # the fine-tuned candidate
+    versions = {str(mv.version) for mv in c.search_model_versions(f"name='{NAME}'")}
+    scratch = max(versions, key=int)
+    profile = _bake_profile(tmp_path)
+    args = ["--candidates", f"{FLAGSHIP},models:/{NAME}/{scratch}", "--profile", str(profile), "--no-progress"]
+
+    first = run_step("compare", args, tmp_path, here=True)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    # the flagship's folder is found as v1 by its weights, not imported again
+    assert {str(mv.version) for mv in c.search_model_versions(f"name='{NAME}'")} == versions
+    run = _compare_run(c)
+    evaluated = run.data.tags["compare.evaluated"].split(",")
+    assert sorted(evaluated) == sorted(["v1", f"v{scratch}", f"v{production}"])  # production's holder joined
+    assert len(_evaluate_runs(c)) == 3 + 3  # the main job's three, and one each here
+    note = run.data.tags["mlflow.note.content"]
+    assert note.startswith("**v") and "ranks first on bake's traffic mix" in note  # the verdict first
+    assert f"v{production}: models:/{NAME}@production (production's holder)" in note
+    assert "ranks first" in first.stdout and "| rank | drafter |" in first.stdout
+    assert "paired narrower by" in first.stdout
+
+    # the ranking: by the mix the records give, each figure the one its evaluate run logged
+    folder = Path(download_artifacts(run_id=run.info.run_id, dst_path=str(tmp_path / "artifacts"),
+                                     tracking_uri=f"sqlite:///{tmp_path}/mlflow.db"))  # fmt: skip
+    assert {"compare.md", "compare.png", "ranking.json", "pairs.json"} <= {p.name for p in folder.iterdir()}
+    table = json.loads((folder / "ranking.json").read_text())
+    rows = [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
+    assert [r["drafter"] for r in rows] == sorted((r["drafter"] for r in rows), key=lambda d: -next(
+        x["accept_len"] for x in rows if x["drafter"] == d))  # fmt: skip
+    assert len(rows) == 3 and rows[0]["rank"].startswith("1") and {"code_floor", "docs_floor"} <= set(rows[0])
+    bake = load_profile(str(profile))
+    for row in rows:
+        version = row["drafter"].removeprefix("v")
+        ev = c.get_run(row["evidence"])
+        assert ev.data.metrics["accept_len"] == pytest.approx(row["accept_len"], abs=1e-4)
+        assert ev.data.tags["evidence.profile"] == "bake" and ev.data.params[evidence.TAG] == f"{NAME}/{version}"
+        if row["drafter"] != f"v{production}":
+            assert "vs_incumbent" in row
+    found = evidence.records_for(c, NAME, production, trust_for(bake)).records
+    assert found  # the production holder's record is on the bake profile now
+    pairs = json.loads((folder / "pairs.json").read_text())
+    pairs = [dict(zip(pairs["columns"], row, strict=True)) for row in pairs["data"]]
+    assert len(pairs) == 3 and all(p["prompts"] == 16 for p in pairs)
+    tied = {(p["a"], p["b"]): p["tied"] for p in pairs}
+    for p in pairs:  # the same drafters on the same prompts: pairing narrows every interval here
+        assert p["paired_high"] - p["paired_low"] < p["unpaired_high"] - p["unpaired_low"]
+    leader, group = rows[0]["drafter"], 1  # each group's first drafter; the next joins it exactly when they tie
+    for row in rows[1:]:
+        if tied[(leader, row["drafter"])]:
+            assert row["rank"] == f"{group}="
+        else:
+            leader, group = row["drafter"], group + 1
+            assert row["rank"].rstrip("=") == str(group)
+    link = run.data.tags["compare.compare_runs"]
+    assert link.startswith("http://127.0.0.1:5000/#/compare-runs?runs=[") and "&experiments=[" in link
+    assert sorted(json.loads(link.split("runs=", 1)[1].split("&", 1)[0])) == sorted(r["evidence"] for r in rows)
+
+    # the second bake-off, with --promote: nothing evaluated again; the winner promoted only through the rule
+    again = run_step("compare", [*args, "--promote"], tmp_path, here=True)
+    assert len(_evaluate_runs(c)) == 6 and _compare_run(c).data.tags["compare.evaluated"] == "none"
+    assert "reuses evaluation run" in again.stdout
+    winner = rows[0]["drafter"]
+    now = str(c.get_model_version_by_alias(NAME, "production").version)
+    if winner == f"v{production}":
+        assert again.returncode == 1 and "ranks first: nothing to promote" in again.stdout and now == production
+    elif rows[0]["vs_incumbent_low"] > 0:
+        assert again.returncode == 0 and now == winner.removeprefix("v"), again.stdout[-3000:]
+        assert "promote: promoted to production" in again.stdout
+    else:
+        assert again.returncode == 1 and "does not beat the incumbent" in again.stdout and now == production
+
+    # a candidate that does not exist: one line, exit 2, nothing registered
+    bad = run_step("compare", ["--candidates", f"{FLAGSHIP},models:/{NAME}/99", "--profile", str(profile)], tmp_path,
+                   here=True)  # fmt: skip
+    one_line_exit_2(bad, f"models:/{NAME}/99")
+    assert {str(mv.version) for mv in c.search_model_versions(f"name='{NAME}'")} == versions

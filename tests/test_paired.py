@@ -1,0 +1,90 @@
+"""The bake-off's statistics on synthetic per-prompt counts: paired intervals are narrower than unpaired
+ones when drafters share the prompts' difficulty, a zero difference ties, known differences are found
+and ranked, and the difference is the mix figure's difference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from serving.paired import difference, rank
+from serving.workload import mix_accept_len
+
+
+def prompts(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(cycles, difficulty) per prompt: accept_len varies widely from prompt to prompt (1.4 to 2.8)."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(15, 40, n), rng.uniform(1.4, 2.8, n)
+
+
+def drafter(cycles: np.ndarray, level: np.ndarray, effect: float, noise: float, seed: int) -> list[tuple[int, int]]:
+    """Counts of a drafter whose accept_len on each prompt is the prompt's level plus its effect and some noise
+    of its own (k = 3: at most 4 tokens a cycle)."""
+    rng = np.random.default_rng(seed)
+    per = np.clip(level + effect + rng.normal(0, noise, len(level)), 1, 4)
+    return [(int(round(c * a)), int(c)) for c, a in zip(cycles, per, strict=True)]
+
+
+def two_classes(effect_a: float, effect_b: float, noise: float = 0.05, seed: int = 0):
+    """Two classes (70% / 30%) of 24 and 16 prompts, both drafters decoding the same prompts."""
+    out = {"A": [], "B": []}
+    for name, share, n, s in (("code", 0.7, 24, seed), ("docs", 0.3, 16, seed + 1)):
+        cycles, level = prompts(n, s)
+        out["A"].append((name, share, drafter(cycles, level, effect_a, noise, 100 + s)))
+        out["B"].append((name, share, drafter(cycles, level, effect_b, noise, 200 + s)))
+    return out
+
+
+def parts(classes):
+    return [(share, a, b) for (_, share, a), (_, _, b) in zip(classes["A"], classes["B"], strict=True)]
+
+
+def test_paired_is_much_narrower_than_unpaired_when_the_prompts_drive_acceptance():
+    """A is 0.1 better on every prompt; prompts differ by 1.4: only the paired interval sees it."""
+    classes = two_classes(0.1, 0.0)
+    d = difference("A", "B", parts(classes))
+    assert d.a_better and not d.tied
+    assert d.unpaired_low < 0 < d.unpaired_high  # read as two separate runs, the gain is invisible
+    assert d.width < 0.3 * d.unpaired_width and d.narrower > 0.7
+    assert d.low < 0.1 < d.high  # the true gain lies in the interval
+    mix = {k: mix_accept_len([(s, per) for _, s, per in v]) for k, v in classes.items()}
+    assert d.estimate == pytest.approx(mix["A"] - mix["B"])  # the difference of the mix figures
+
+
+def test_without_shared_difficulty_pairing_buys_little():
+    """Two drafters whose per-prompt figures are unrelated: the paired interval is about as wide."""
+    cycles, level = prompts(30, 3)
+    rng = np.random.default_rng(9)
+    a = drafter(cycles, level, 0.0, 0.02, 1)
+    b = drafter(cycles, rng.permutation(level), 0.0, 0.02, 2)  # each prompt's difficulty shuffled for B
+    d = difference("A", "B", [(1.0, a, b)])
+    assert 0.6 < d.width / d.unpaired_width < 1.5
+
+
+def test_a_zero_difference_ties():
+    classes = two_classes(0.0, 0.0)
+    same = difference("A", "A'", [(share, a, a) for share, a, _ in parts(classes)])
+    assert same.estimate == 0 and same.low == 0 and same.high == 0 and same.tied and not same.a_better
+    ranking = rank({"A": classes["A"], "A'": classes["A"]})
+    assert ranking.group == {"A": 1, "A'": 1} and ranking.tied_with("A") == ["A'"]
+
+
+def test_known_differences_are_found_and_ranked():
+    """Three drafters 0.15 apart on every prompt, given in the wrong order: ranked, three groups; a fourth
+    within noise of the best ties with it."""
+    base = two_classes(0.0, 0.15)
+    top = two_classes(0.3, 0.3, seed=0)["A"]
+    near = two_classes(0.3, 0.31, seed=0)["B"]
+    ranking = rank({"low": base["A"], "mid": base["B"], "top": top, "near": near})
+    assert ranking.order[-2:] == ["mid", "low"] and set(ranking.order[:2]) == {"top", "near"}
+    assert ranking.group["top"] == ranking.group["near"] == 1
+    assert ranking.group["mid"] == 2 and ranking.group["low"] == 3
+    gain = ranking.between("top", "mid")
+    assert gain.a_better and gain.low < 0.15 < gain.high
+    assert ranking.between("mid", "top").estimate == pytest.approx(-gain.estimate)
+    assert ranking.between("mid", "top").high == pytest.approx(-gain.low)
+
+
+def test_different_prompt_counts_are_refused():
+    with pytest.raises(ValueError, match="needs the same prompts"):
+        difference("A", "B", [(1.0, [(3, 2), (4, 2)], [(3, 2)])])
