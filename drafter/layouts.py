@@ -58,7 +58,7 @@ LAYOUTS = ("project", "speculators", "modelopt", "torchspec")
 PROJECT, ENGINE = "midlayer.", "layers.0."
 KIMI = "kimi_k2"  # the model_type ModelOpt and TorchSpec give an MLA drafter for Kimi
 TORCHSPEC_KEY = "_torchspec_version"
-MAPS_FILE = "vocab-maps.safetensors"  # t2d (and d2t) built on import where a layout leaves them out
+MAPS_FILE = "(built on reading)"  # where a view's t2d (and d2t) come from when a layout leaves them out
 TORCHSPEC_ARCHITECTURES = (*mla.ARCHITECTURES, "DeepSeekForCausalLMEagle3")
 # ModelOpt's eagle_config switches and the value each has in the plain EAGLE-3 network (hf_spec_configs.py);
 # another value builds another network, refused by name.
@@ -163,9 +163,15 @@ def to_project(folder: str | Path, out: str | Path) -> Path:
     if problems:
         raise BadInput(f"{folder}: {seen.layout} layout does not match its config: " + "; ".join(problems))
     weight_map = copy_tensors(folder, out, _project_name)
-    if seen.derived:  # beside the copied shards, under an index that names every tensor's file
-        save_file(seen.derived, str(out / MAPS_FILE), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(seen.derived, MAPS_FILE))
+    if seen.derived:  # one more shard, every file named as transformers names shards, under a new index
+        files = sorted(set(weight_map.values()))
+        n = len(files) + 1
+        shard = {f: f"model-{i:05d}-of-{n:05d}.safetensors" for i, f in enumerate(files, start=1)}
+        for old_name, new_name in shard.items():
+            (out / old_name).rename(out / new_name)
+        last = f"model-{n:05d}-of-{n:05d}.safetensors"
+        save_file(seen.derived, str(out / last), metadata={"format": "pt"})
+        weight_map = {name: shard[f] for name, f in weight_map.items()} | dict.fromkeys(seen.derived, last)
         total = sum(info.nbytes for info in seen.header.values())
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")

@@ -35,6 +35,11 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--limit", default="0", help="prompts decoded per traffic class (0: all; fewer is not evidence)")
     p.add_argument("--max_new_tokens", default="auto", help="auto: the profile's (another is not evidence)")
     p.add_argument(
+        "--bakeoff", default="families", choices=["families", "drafters", "no"],
+        help="end with `compare`: the three drafters and the mini world's K2.5-era family drafters (families), "
+        "the three alone (drafters), or no bake-off",
+    )  # fmt: skip
+    p.add_argument(
         "--calibrate", default="auto", choices=["auto", "yes", "no"],
         help="measure this machine's vLLM deployment (host-vllm) with calibrate; auto: when the engine's "
         "environment exists (it is never installed unasked)",
@@ -177,11 +182,12 @@ def run(args: argparse.Namespace) -> int:
             "promote", {"model": f"models:/{chain.name}/{chain.candidate}", "profile": args.profile}, ok_codes=(0, 1)
         )
         chain.decision = c.get_run(pr_run).data.tags.get("promotion", "")
+        bakeoff = bake_off(p, c, chain, args)
         served = calibrated_lines(
             p, Path(args.workdir).resolve(), args.calibrate, chain.results, load_profile(args.profile).draft_steps
         )
         seconds = time.perf_counter() - t_start
-        text = summary(chain.name, chain.results, args.profile, chain.decision, seconds, served,
+        text = summary(chain.name, chain.results, args.profile, chain.decision, seconds, [*bakeoff, *served],
                        where_now(c, chain.name, chain.drafters))  # fmt: skip
         publish(chain, text, seconds, args.profile)
     print("\n".join(p.log))
@@ -249,6 +255,22 @@ def evaluate_all(p: Pipeline, c: Any, chain: Chain, args: argparse.Namespace) ->
                                         "data": str(chain.data["val"]), "profile": args.profile,
                                         "limit": args.limit, "max_new_tokens": args.max_new_tokens})  # fmt: skip
         chain.results[label] = (version, c.get_run(ev_run).data.metrics)
+
+
+FAMILY_DRAFTERS = ("ls-mini-eagle3-mla", "nv-mini-eagle3", "rh-mini-eagle3")  # miniworld/families.py
+
+
+def bake_off(p: Pipeline, c: Any, chain: Chain, args: argparse.Namespace) -> list[str]:
+    """`compare` of the three drafters (their evidence reused) and the K2.5-era family drafters, paired on
+    the profile's workload: its verdict and ranking for the summary."""
+    if args.bakeoff == "no":
+        return []
+    candidates = [f"models:/{chain.name}/{v}" for v in chain.drafters.values()]
+    if args.bakeoff == "families":
+        candidates += [str(MINIWORLD / name) for name in FAMILY_DRAFTERS if (MINIWORLD / name).is_dir()]
+    run_id, _ = p.step("compare", {"candidates": ",".join(candidates), "profile": args.profile}, ok_codes=(0, 1))
+    text = c.get_run(run_id).data.tags.get("mlflow.note.content", "")
+    return ["", "### Bake-off (`compare`, paired on the same prompts)", "", *text.strip().splitlines()]
 
 
 def publish(chain: Chain, text: str, seconds: float, profile: str) -> None:
