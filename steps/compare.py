@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -153,12 +154,26 @@ def find(c: Any, name: str, target: str, tmp: Path) -> Candidate:
     folder, converted = import_drafter.project_layout(folder, tmp, False)
     header = import_drafter.checked_header(folder)
     sha = store.weights_sha256(store.file_hashes(folder))
-    mv = store.find_complete_version(c, naming.model_name_for(target), sha)
+    mv = next(
+        (found for model in (import_name(name), naming.model_name_for(target))
+         if (found := store.find_complete_version(c, model, sha)) is not None),
+        None,
+    )  # fmt: skip
     return Candidate(name, sha, mv, None if mv is not None else Staged(folder, header, converted, source_tag, commit))
 
 
+def import_name(source: str) -> str:
+    """The registered model a bake-off imports a folder or hub id into: its own name (a public drafter is
+    its own model, never a version of the team's chain, whose `imported` alias stays where it is)."""
+    from registry import naming
+
+    base = re.sub(r"[^A-Za-z0-9._-]", "-", source.rstrip("/").split("@")[0].split("/")[-1]) or "drafter"
+    return naming.check_name(base.strip(".")[:128] or "drafter", "candidate")
+
+
 def register(request: Request) -> None:
-    """Import each staged candidate with import_drafter's own registration (a nested run, alias `imported`)."""
+    """Import each staged candidate with import_drafter's own registration (a nested run, alias `imported`),
+    under its own model name (import_name)."""
     from registry import store
     from steps import import_drafter
 
@@ -166,7 +181,9 @@ def register(request: Request) -> None:
         if cand.staged is None:
             continue
         s = cand.staged
-        args = import_drafter.build().parse_args(["--source", cand.arg, "--target", request.dep.target])
+        args = import_drafter.build().parse_args(
+            ["--source", cand.arg, "--target", request.dep.target, "--name", import_name(cand.arg)]
+        )
         remember_asked(args)
         done = import_drafter.register(args, s.folder, s.header, s.converted, s.source_tag, s.commit)
         cand.mv = store.client().get_model_version(done.name, done.version)
