@@ -26,6 +26,9 @@ from drafter.data import HiddenStateDataset
 from drafter.memory_plan import plan
 from drafter.train import TrainConfig, load_ds_config, scratch_drafter, train
 spec = json.loads(sys.argv[2])
+if "mla" in spec["drafter"]:  # the MLA draft layer's widths (drafter/mla.py)
+    from drafter.mla import MLASpec
+    spec["drafter"]["mla"] = MLASpec(**spec["drafter"]["mla"])
 cfg = DrafterConfig(**spec["drafter"])
 tc = TrainConfig(**spec["train"])
 ds_cfg = load_ds_config(tc.ds_config, tc, tc.max_steps)
@@ -45,6 +48,11 @@ CONFIGS = {
     "medium (hidden 1024, Vd 8192), 4 x 512": (MEDIUM_DRAFTER, dict(batch_size=4, max_len=512), ("blockwise",)),
     "medium (hidden 1024, Vd 8192), 1 x 2048": (
         MEDIUM_DRAFTER, dict(batch_size=1, max_len=2048), ("blockwise", "eager"),
+    ),
+    "medium MLA + EAGLE-3.1 norms (hidden 1024, Vd 8192), 1 x 2048": (
+        {**MEDIUM_DRAFTER, "mla": dict(kv_lora_rank=256, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64,
+                                       q_lora_rank=384), "fc_norm": True, "norm_output": True},
+        dict(batch_size=1, max_len=2048), ("blockwise",),
     ),
     "large (hidden 2048, Vd 16000), 2 x 1024": (
         dict(hidden_size=2048, intermediate_size=5632, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
@@ -126,10 +134,13 @@ def k2_cluster() -> str:
 
 
 def main() -> None:
+    only = sys.argv[1] if len(sys.argv) > 1 else ""  # a part of a label: measure those rows alone
     rows = []
     gib = 1024**3
     with tempfile.TemporaryDirectory() as tmp_:
         for label, (drafter, train, paths) in CONFIGS.items():
+            if only not in label:
+                continue
             h, v, t = drafter["hidden_size"], drafter["vocab_size"], train["max_len"]
             folder = Path(tmp_) / f"ds-{h}-{t}"
             write_random_dataset(folder, 2 * train["batch_size"], t=t, h=h, vocab=v, shard_tokens=4 * t)
@@ -155,7 +166,8 @@ def main() -> None:
         f"(1 x 2048 tokens, TTT 7): {k2_verdict()}. On 8 x 96 GB (one rank per GPU, 2 GiB runtime assumed, "
         f"the plan's 15% margin): {k2_cluster()}"
     )
-    print(write_results("memory_plan", rows, notes).read_text())
+    name = "memory_plan" if not only else "memory_plan-" + "-".join(only.lower().split())
+    print(write_results(name, rows, notes).read_text())
 
 
 if __name__ == "__main__":
