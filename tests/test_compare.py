@@ -95,6 +95,7 @@ def test_compare_ranks_real_drafters_paired_reuses_evidence_and_promotes_through
     profile = _bake_profile(tmp_path)
     args = ["--candidates", f"{FLAGSHIP},models:/{NAME}/{scratch}", "--profile", str(profile), "--no-progress"]
 
+    before = len(_evaluate_runs(c))  # the main job's: its three drafters' and its bake-off's
     first = run_step("compare", args, tmp_path, here=True)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     # the flagship's folder is found as v1 by its weights, not imported again
@@ -102,7 +103,7 @@ def test_compare_ranks_real_drafters_paired_reuses_evidence_and_promotes_through
     run = _compare_run(c)
     evaluated = run.data.tags["compare.evaluated"].split(",")
     assert sorted(evaluated) == sorted(["v1", f"v{scratch}", f"v{production}"])  # production's holder joined
-    assert len(_evaluate_runs(c)) == 3 + 3  # the main job's three, and one each here
+    assert len(_evaluate_runs(c)) == before + 3  # one each here: the bake profile's workload is new
     note = run.data.tags["mlflow.note.content"]
     assert note.startswith("**v") and "ranks first on bake's traffic mix" in note  # the verdict first
     assert f"v{production}: models:/{NAME}@production (production's holder)" in note
@@ -147,7 +148,7 @@ def test_compare_ranks_real_drafters_paired_reuses_evidence_and_promotes_through
 
     # the second bake-off, with --promote: nothing evaluated again; the winner promoted only through the rule
     again = run_step("compare", [*args, "--promote"], tmp_path, here=True)
-    assert len(_evaluate_runs(c)) == 6 and _compare_run(c).data.tags["compare.evaluated"] == "none"
+    assert len(_evaluate_runs(c)) == before + 3 and _compare_run(c).data.tags["compare.evaluated"] == "none"
     assert "reuses evaluation run" in again.stdout
     winner = rows[0]["drafter"]
     now = str(c.get_model_version_by_alias(NAME, "production").version)
