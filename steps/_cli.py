@@ -16,6 +16,7 @@ import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from common import failpoints
 from common.errors import INTERNAL_ERROR, BadInput, DrafterOpsError
@@ -266,3 +267,11 @@ def log_params(effective: dict[str, object]) -> None:
             fresh[f"resolved.{key}"] = value
     if fresh:
         mlflow.log_params(fresh)
+
+
+def run_label(mv: Any, target: str) -> str:
+    """A version as a run's name gives it: `v3` in the target's own model, `ls-mini-eagle3-mla v1` in another
+    (a bake-off's public drafters), so that no two steps' runs share a name."""
+    from registry import naming
+
+    return f"v{mv.version}" if mv.name == naming.model_name_for(target) else f"{mv.name} v{mv.version}"

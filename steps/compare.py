@@ -231,7 +231,7 @@ def gate(request: Request) -> list[Candidate]:
         args = shape_gate.build().parse_args(["--model", uri, "--target", request.dep.target])
         remember_asked(args)
         result = shape_gate.measure(args)
-        shape_gate.publish(args, result)
+        shape_gate.publish(args, result, " (bake-off)")
         cand.gate = result.result
         if result.ok:
             passed.append(cand)

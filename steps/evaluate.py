@@ -28,7 +28,7 @@ from reports.workload import (
 from serving.cost import break_even_accept_len
 from serving.profile import BOUNDS, Profile, load_profile
 from serving.workload import context_figures
-from steps._cli import log_figure, log_params, none_if_empty, parser, run_step, step_run
+from steps._cli import log_figure, log_params, none_if_empty, parser, run_label, run_step, step_run
 from steps._inputs import MAX_CONCURRENCY, MAX_ROUNDS, integer, number, require_fit, resolve_model
 
 if TYPE_CHECKING:
@@ -360,7 +360,8 @@ def publish(request: Request, ev: Evaluation) -> None:
     import mlflow
 
     profile, m = request.binding, ev.metrics
-    with step_run("evaluate", run_name=f"evaluate {ev.name.split('/')[-1]} @ {profile.name}"):
+    label = ev.name.split("/")[-1] if ev.mv is None else run_label(ev.mv, str(request.args.target))
+    with step_run("evaluate", run_name=f"evaluate {label} @ {profile.name}"):
         log_params(run_params(request))
         if ev.measured is not None:
             keep = ev.measured.artifacts()

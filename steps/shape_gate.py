@@ -9,7 +9,7 @@ from typing import Any
 
 from common.paths import MINIWORLD
 from drafter.compat import Check, check_compat, compare_drafters, drafter_facts, target_facts, verdict
-from steps._cli import log_params, none_if_empty, parser, run_step, step_run
+from steps._cli import log_params, none_if_empty, parser, run_label, run_step, step_run
 
 
 def build() -> argparse.ArgumentParser:
@@ -121,18 +121,18 @@ def measure(args: argparse.Namespace) -> Gate:
     lines += ["", f"shape_gate: {result.upper()}" + (f" ({', '.join(detail)})" if detail else "")]
     if unproven and result != "failed":
         lines.append("shape_gate: some checks could not be made; production needs a gate against the target's weights")
-    label = f"v{mv.version}" if mv is not None else facts.source.split("/")[-1]
+    label = facts.source.split("/")[-1] if mv is None else run_label(mv, str(args.target))
     return Gate(mv, label, checks, result, md, engine_rows, cmp_md, lines)
 
 
-def publish(args: argparse.Namespace, gate: Gate) -> None:
+def publish(args: argparse.Namespace, gate: Gate, context: str = "") -> None:
     """The run (the checks as a table, the text, the engines' aux ids) and, for a version, its gate tags, page
-    section and audit line."""
+    section and audit line. `context` tells a gate run inside another step's apart (" (bake-off)")."""
     import mlflow
     import pandas as pd
 
     mv, result, md = gate.mv, gate.result, gate.md
-    with step_run("shape_gate", run_name=f"shape_gate {gate.label} vs {Path(str(args.target)).name}"):
+    with step_run("shape_gate", run_name=f"shape_gate {gate.label} vs {Path(str(args.target)).name}{context}"):
         log_params({"model": args.model, "target": args.target, "reference": none_if_empty(args.reference) or ""})
         mlflow.log_table(
             pd.DataFrame([c.__dict__ | {"verdict": c.verdict} for c in gate.checks]).drop(columns=["ok"]),
