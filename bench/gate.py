@@ -19,6 +19,7 @@ from bench.sparse import k2_vocab_maps, write_sparse_safetensors
 from drafter.checkpoint import EMBED, expected_tensors
 from drafter.compat import check_compat, drafter_facts, target_facts
 from drafter.config import DrafterConfig
+from drafter.step_cost import folder_step_cost
 
 FAMILIES = (  # (the public drafter, its reference config, the layout it ships in)
     ("AQ-MedAI Kimi-K2 drafter (SpecForge, Llama layer)", REFERENCE, "project"),
@@ -95,11 +96,13 @@ def main() -> None:
             folder = tmp / f"drafter-{n}"
             sizes[name] = sparse_drafter(folder, config, layout)
             gate_s, read, verdict_, checks = gate(folder, target)
+            cost = folder_step_cost(folder)  # what its draft steps read: the size break-even prices them by
             rows.append({
                 "method": f"shape gate: {name}, {layout} layout, against Kimi-K2.5",
                 "time": f"{gate_s * 1000:.1f} ms",
                 "bytes_read": read,
                 "verdict": f"{verdict_} ({checks} checks)",
+                "draft_step_reads": f"{cost.per_step / 1e9:.2f} B parameters (+{cost.per_cycle / 1e9:.2f} B a cycle)",
             })  # fmt: skip
             if n == 0:
                 t0 = time.perf_counter()
@@ -111,6 +114,7 @@ def main() -> None:
             "time": f"{load_s * 1000:.0f} ms",
             "bytes_read": loaded,
             "verdict": "-",
+            "draft_step_reads": "-",
         }
     )
     notes = (

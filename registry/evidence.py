@@ -382,11 +382,14 @@ def recompute(c: Any, mv: Any, profile: Profile, dep: Any = None) -> Evidence:
         (run, why) for run, engine, why in found.unusable
         if not any(r == run and engine in ("", e) for e, r in acknowledged)
     ]  # fmt: skip
-    points = profile.serving_points()
+    # records match the profile as written; the break-even is the one this drafter's draft steps cost
+    priced, pricing = priced_profile(profile, folder)
+    points = priced.serving_points()
     ops = tuple((p.concurrency, _share(profile, p), break_even_accept_len(p)) for p in points if p.concurrency)
+    basis = "; ".join(part for part in (dep.basis, pricing) if part)
     base = Evidence(str(mv.version), gate, dep.target or None, classes=(), min_share=profile.min_share,
                     class_floor=profile.class_floor, contaminated=contaminated, operating_points=ops,
-                    basis=dep.basis, lineage_problems=tuple(known.problems),
+                    basis=basis, lineage_problems=tuple(known.problems),
                     context_floors=profile.context_floors)  # fmt: skip
     if dep.refusal:
         return _with(base, note=dep.refusal)
@@ -410,7 +413,7 @@ def recompute(c: Any, mv: Any, profile: Profile, dep: Any = None) -> Evidence:
         return _with(base, note=note)
     rec = min(standing, key=lambda r: r.ci()[0])
     lo, _ = rec.ci()
-    be = break_even_accept_len(profile.binding())  # every class must clear the hardest operating point
+    be = break_even_accept_len(priced.binding())  # every class must clear the hardest operating point
     classes, _ = class_figures([(c.name, c.share, c.per_prompt) for c in rec.classes], be)
     note = (
         f"{rec.num_prompts} pinned prompts in {len(rec.classes)} class(es), {rec.draft_steps} draft steps, "
@@ -422,6 +425,14 @@ def recompute(c: Any, mv: Any, profile: Profile, dep: Any = None) -> Evidence:
     by_context = tuple(context_figures(rec.per_prompt, contexts, be)) if contexts is not None else None
     return _with(base, accept_len=rec.accept_len, ci_low=lo, break_even=be, run_id=rec.run_id, note=note,
                  classes=tuple(classes), acc_pos=tuple(rec.acc_pos), contexts=by_context)  # fmt: skip
+
+
+def priced_profile(profile: Profile, folder: Any) -> tuple[Profile, str]:
+    """The profile priced for this drafter's draft step (serving.cost.priced_for), read from its config."""
+    from drafter.step_cost import folder_step_cost
+    from serving.cost import priced_for
+
+    return priced_for(profile, folder_step_cost(folder).per_step)
 
 
 def _share(profile: Profile, view: Profile) -> float:

@@ -8,6 +8,19 @@ from serving.paired import Ranking
 from serving.workload import ClassFigure
 
 Figures = dict[str, tuple[list[ClassFigure], ClassFigure]]  # label -> (each class, the mix)
+BreakEven = float | dict[str, float]  # one for every drafter, or each its own (draft steps priced by size)
+
+
+def be_of(break_even: BreakEven, label: str) -> float:
+    return break_even[label] if isinstance(break_even, dict) else break_even
+
+
+def one_break_even(break_even: BreakEven) -> float | None:
+    """The break-even every drafter shares, or None when their draft steps are priced apart."""
+    if not isinstance(break_even, dict):
+        return break_even
+    values = set(break_even.values())
+    return values.pop() if len(values) == 1 else None
 
 
 def rank_label(ranking: Ranking, label: str) -> str:
@@ -15,13 +28,14 @@ def rank_label(ranking: Ranking, label: str) -> str:
     return f"{ranking.group[label]}{'=' if ranking.tied_with(label) else ''}"
 
 
-def rows(ranking: Ranking, figures: Figures, break_even: float, floor: float, min_share: float,
+def rows(ranking: Ranking, figures: Figures, break_even: BreakEven, floor: float, min_share: float,
          incumbent: str | None, evidence: dict[str, str]) -> list[dict[str, object]]:  # fmt: skip
     """One row per drafter, best first: the mix, the difference to the incumbent, each class's figure and
     projected speed-up against the class floor (classes under min_share of traffic are not held to it)."""
     out = []
     for label in ranking.order:
         classes, mix = figures[label]
+        be = be_of(break_even, label)
         row: dict[str, object] = {
             "rank": rank_label(ranking, label),
             "drafter": label,
@@ -29,9 +43,8 @@ def rows(ranking: Ranking, figures: Figures, break_even: float, floor: float, mi
             "ci_low": mix.ci_low,
             "ci_high": mix.ci_high,
             "projected_speedup": mix.speedup,
-            "beats_break_even": "yes"
-            if mix.ci_low > break_even
-            else ("mean only" if mix.accept_len > break_even else "no"),  # fmt: skip
+            "break_even": be,
+            "beats_break_even": "yes" if mix.ci_low > be else ("mean only" if mix.accept_len > be else "no"),
         }
         if incumbent is not None and label != incumbent:
             d = ranking.between(label, incumbent)
@@ -47,21 +60,26 @@ def rows(ranking: Ranking, figures: Figures, break_even: float, floor: float, mi
     return out
 
 
-def markdown(ranking: Ranking, figures: Figures, break_even: float, floor: float, min_share: float,
+def markdown(ranking: Ranking, figures: Figures, break_even: BreakEven, floor: float, min_share: float,
              incumbent: str | None, evidence: dict[str, str]) -> str:  # fmt: skip
     """The ranking table, then the per-class table (figure [95% CI] and speed-up against the floor)."""
     names = [c.name for c in figures[ranking.order[0]][0]]
     inc = incumbent is not None
+    shared = one_break_even(break_even)
     lines = [
-        "| rank | drafter | traffic-mix accept_len [95% CI] | speed-up | break-even "
-        f"{break_even:.2f} |" + (" vs incumbent [paired 95% CI] |" if inc else "") + " evidence |",
+        "| rank | drafter | traffic-mix accept_len [95% CI] | speed-up | "
+        + (f"break-even {shared:.2f}" if shared is not None else "break-even (its own draft steps')")
+        + " |"
+        + (" vs incumbent [paired 95% CI] |" if inc else "")
+        + " evidence |",
         "|---|---|---|---|---|" + ("---|" if inc else "") + "---|",
     ]
     for row in rows(ranking, figures, break_even, floor, min_share, incumbent, evidence):
         label = row["drafter"]
+        own = "" if shared is not None else f" ({row['break_even']:.2f})"
         cells = [str(row["rank"]), f"{label}" + (" (incumbent)" if label == incumbent else ""),
                  f"{row['accept_len']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]",
-                 f"{row['projected_speedup']:.2f}x", str(row["beats_break_even"])]  # fmt: skip
+                 f"{row['projected_speedup']:.2f}x", str(row["beats_break_even"]) + own]  # fmt: skip
         if inc:
             cells.append(
                 f"{row['vs_incumbent']:+.3f} [{row['vs_incumbent_low']:+.3f}, {row['vs_incumbent_high']:+.3f}]"
@@ -97,19 +115,22 @@ def pairs_markdown(ranking: Ranking) -> str:
     return "\n".join(lines)
 
 
-def verdict(ranking: Ranking, figures: Figures, break_even: float, profile: str, incumbent: str | None) -> str:
+def verdict(ranking: Ranking, figures: Figures, break_even: BreakEven, profile: str, incumbent: str | None) -> str:
     """The first sentence of the run's description: who ranks first, against break-even and the incumbent."""
     top = ranking.order[0]
     mix = figures[top][1]
     tied = ranking.tied_with(top)
+    be = be_of(break_even, top)
     head = f"**{top} ranks first on {profile}'s traffic mix**: accept_len {mix.accept_len:.3f} [{mix.ci_low:.3f}, " \
            f"{mix.ci_high:.3f}]"  # fmt: skip
-    if mix.ci_low > break_even:
-        head += f", above break-even {break_even:.2f} with the whole interval"
-    elif mix.accept_len > break_even:
-        head += f", above break-even {break_even:.2f} on the mean only"
+    if mix.ci_low > be:
+        head += f", above its break-even {be:.2f} with the whole interval"
+    elif mix.accept_len > be:
+        head += f", above its break-even {be:.2f} on the mean only"
     else:
-        head += f", below break-even {break_even:.2f}: no candidate makes speculative decoding pay"
+        head += f", below its break-even {be:.2f}"
+        if not any(figures[x][1].accept_len > be_of(break_even, x) for x in ranking.order):
+            head += ": no candidate makes speculative decoding pay"
     head += "." + (f" Tied with {', '.join(tied)} (paired intervals include zero)." if tied else "")
     if incumbent is not None and incumbent != top:
         d = ranking.between(top, incumbent)
@@ -121,7 +142,7 @@ def verdict(ranking: Ranking, figures: Figures, break_even: float, profile: str,
     return head
 
 
-def figure(ranking: Ranking, figures: Figures, break_even: float, floor: float, k: int, title: str):
+def figure(ranking: Ranking, figures: Figures, break_even: BreakEven, floor: float, k: int, title: str):
     """Left: each drafter's traffic-mix accept_len with its 95% interval against break-even; right: each traffic
     class, drafters side by side, against break-even and the class floor."""
     import numpy as np
@@ -132,8 +153,9 @@ def figure(ranking: Ranking, figures: Figures, break_even: float, floor: float, 
     order = ranking.order
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [1, 1.6]})
     mixes = [figures[label][1] for label in order]
-    colors = ["tab:green" if m.ci_low > break_even else ("tab:orange" if m.accept_len > break_even else "tab:red")
-              for m in mixes]  # fmt: skip
+    bes = [be_of(break_even, label) for label in order]
+    colors = ["tab:green" if m.ci_low > be else ("tab:orange" if m.accept_len > be else "tab:red")
+              for m, be in zip(mixes, bes, strict=True)]  # fmt: skip
     left.bar(
         [f"{x} (rank {rank_label(ranking, x)})" for x in order],
         [m.accept_len for m in mixes],
@@ -141,7 +163,12 @@ def figure(ranking: Ranking, figures: Figures, break_even: float, floor: float, 
         yerr=[[m.accept_len - m.ci_low for m in mixes], [m.ci_high - m.accept_len for m in mixes]],
         capsize=6,
     )
-    left.axhline(break_even, color="black", linestyle="--", label=f"break-even {break_even:.2f}")
+    shared = one_break_even(break_even)
+    if shared is not None:
+        left.axhline(shared, color="black", linestyle="--", label=f"break-even {shared:.2f}")
+    else:  # each drafter's own, its draft steps priced by what they read
+        left.hlines(bes, np.arange(len(order)) - 0.45, np.arange(len(order)) + 0.45, color="black",
+                    linestyle="--", label="break-even (each its own draft steps')")  # fmt: skip
     left.set_title("traffic mix (95% CI)")
     left.tick_params(axis="x", labelrotation=20, labelsize=8)
     names = [c.name for c in figures[order[0]][0]]
@@ -156,10 +183,12 @@ def figure(ranking: Ranking, figures: Figures, break_even: float, floor: float, 
             yerr=[[c.accept_len - c.ci_low for c in cs], [c.ci_high - c.accept_len for c in cs]],
             capsize=3,
         )
-    right.axhline(break_even, color="black", linestyle="--",
-                  label="break-even = class floor 1x" if floor == 1.0 else f"break-even {break_even:.2f}")  # fmt: skip
+    low = min(bes)  # priced apart, the cheapest step's: a class below it is below every drafter's
+    said = "break-even" if shared is not None else "lowest break-even"
+    right.axhline(low, color="black", linestyle="--",
+                  label=f"{said} = class floor 1x" if floor == 1.0 else f"{said} {low:.2f}")  # fmt: skip
     if floor != 1.0:
-        right.axhline(floor * break_even, color="tab:red", linestyle=":", label=f"class floor {floor:g}x")
+        right.axhline(floor * low, color="tab:red", linestyle=":", label=f"class floor {floor:g}x")
     right.set_xticks(xs, [f"{c.name}\n{c.share:.0%}" for c in figures[order[0]][0]])
     right.set_title("per traffic class (95% CI)")
     for ax in (left, right):

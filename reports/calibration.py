@@ -68,6 +68,8 @@ def profile_text(
         "verify_ms": head.verify_ms,
         "draft_step_ms": head.draft_step_ms,
         "draft_steps": serve_k,
+        # the timed drafter's step size: a drafter whose steps read more is priced up (serving.cost.priced_for)
+        **({"draft_step_params": measured["drafter_step_params"]} if measured.get("drafter_step_params") else {}),
         **eval_fields,
         "operating_points": [
             {

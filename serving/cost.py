@@ -7,13 +7,46 @@ k draft steps, E[accept_len] = (1 - p^(k+1)) / (1 - p); unbounded depth gives 1 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from serving.profile import Profile
 
 
 def break_even_accept_len(profile: Profile) -> float:
     return profile.baseline_tps * profile.cycle_ms / 1000.0
+
+
+def priced_for(profile: Profile, step_params: int) -> tuple[Profile, str]:
+    """The profile with its draft steps priced for a drafter whose step reads `step_params` parameters
+    (drafter.step_cost), and the sentence that says so. A step bound by reading its weights costs in
+    proportion to them, so where the profile records what its timed drafter's step read and this one reads
+    more, draft_step_ms (at every operating point, and the timed cycles' draft part) grows by the ratio.
+    Never priced down: a cheaper step is credited only by timing it (calibrate with that drafter)."""
+    timed = profile.draft_step_params
+    steps_cost = profile.draft_step_ms > 0 or any(op.draft_step_ms > 0 for op in profile.operating_points)
+    if not steps_cost:
+        return profile, ""  # the whole cycle sits in verify_ms: nothing to scale
+    if not timed:
+        return profile, (f"draft steps not priced by drafter size (profile {profile.name} does not record "
+                         "what its timed drafter's step reads)")  # fmt: skip
+    ratio = step_params / timed
+    if ratio <= 1.0:
+        return profile, ""
+
+    def extra(step_ms: float, k: int) -> float:
+        return k * step_ms * (ratio - 1.0)
+
+    ops = tuple(
+        replace(op, draft_step_ms=op.draft_step_ms * ratio,
+                cycle_ms_measured=tuple((k, ms + extra(op.draft_step_ms, k)) for k, ms in op.cycle_ms_measured))
+        for op in profile.operating_points
+    )  # fmt: skip
+    # a profile's own timed cycles are its primary point's (or, on a view, its point's): timed with its step
+    points = tuple((k, ms + extra(profile.draft_step_ms, k)) for k, ms in profile.cycle_points)
+    priced = replace(profile, draft_step_ms=profile.draft_step_ms * ratio, operating_points=ops, cycle_points=points)
+    note = (f"draft steps priced at {ratio:.2f}x: a step reads {step_params / 1e6:.3g} M parameters against "
+            f"{timed / 1e6:.3g} M of the drafter {profile.name}'s cycles were timed with")  # fmt: skip
+    return priced, note
 
 
 def projected_tps(accept_len: float, profile: Profile) -> float:

@@ -29,9 +29,10 @@ NUMBERS: dict[str, float | int | None] = {
     "class_floor": 1.0,
     "eval_max_new_tokens": 64,
     "eval_temperature": 0.0,
+    "draft_step_params": 0,
 }
-WHOLE = ("draft_steps", "min_prompts", "eval_max_new_tokens")
-BOUNDS = {"draft_steps": 64, "min_prompts": 100_000, "eval_max_new_tokens": 65_536}
+WHOLE = ("draft_steps", "min_prompts", "eval_max_new_tokens", "draft_step_params")
+BOUNDS = {"draft_steps": 64, "min_prompts": 100_000, "eval_max_new_tokens": 65_536, "draft_step_params": 10**13}
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,9 @@ class Profile:
     signed: dict = field(default_factory=dict, compare=False)  # calibrate's signature over values and measured
     # context bucket (serving.workload.context_buckets) -> the projected speed-up its conversations must reach
     context_floors: tuple[tuple[str, float], ...] = field(default=())
+    # parameters one draft step reads (drafter.step_cost) of the drafter draft_step_ms was timed with: a
+    # drafter whose step reads more is priced up by the ratio (serving.cost.priced_for); 0: not recorded
+    draft_step_params: int = 0
 
     @property
     def cycle_ms(self) -> float:
@@ -118,6 +122,7 @@ class Profile:
             "trusted_evaluators",
             "signed",
             "context_floors",
+            "draft_step_params",
         }
         out: dict[str, object] = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
         out["workload"] = [c.identity() for c in self.workload]
@@ -125,6 +130,8 @@ class Profile:
             out["operating_points"] = [op.identity() for op in self.operating_points]
         if self.context_floors:  # left out when empty: a profile without them keeps its digest
             out["context_floors"] = dict(self.context_floors)
+        if self.draft_step_params:  # likewise: recorded, it is a value decisions depend on
+            out["draft_step_params"] = self.draft_step_params
         if self.concurrency is not None:
             out["concurrency"] = self.concurrency
             out["cycle_points"] = [list(p) for p in self.cycle_points]

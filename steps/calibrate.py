@@ -201,6 +201,7 @@ def time_launched(args, prompts, loads, s):
     import tempfile
 
     from drafter.checkpoint import load_config
+    from drafter.step_cost import folder_step_cost
     from engines import calibration, environment, export
 
     depths = integers(args.draft_steps, "draft_steps", 1, MAX_CONCURRENCY)
@@ -226,6 +227,7 @@ def time_launched(args, prompts, loads, s):
         "target_digest": target_digest(args.target),
         "drafter": f"models:/{mv.name}/{mv.version}" if mv is not None else str(args.drafter),
         "drafter_aux_layer_ids": list(load_config(folder).aux_layer_ids),
+        "drafter_step_params": folder_step_cost(folder).per_step,  # what its draft steps read (drafter.step_cost)
         "hardware": hardware(logs),
     }
     if args.synthetic == "yes":

@@ -268,7 +268,7 @@ def measure(c: Any, request: Request, gated: list[Candidate]) -> None:
 class Outcome:
     ranking: Any
     figures: Any
-    break_even: float
+    break_even: dict[str, float]  # per drafter: its draft steps priced by what they read
     incumbent: str | None
     text: str
     verdict: str
@@ -284,17 +284,24 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
     """The ranking and its tables; with --promote, the winner handed to `promote` when the bake-off allows."""
     import mlflow
 
+    from registry import store
     from registry.bakeoff import classes_of, may_promote
+    from registry.evidence import priced_profile
     from reports import bakeoff as report
     from serving.cost import break_even_accept_len
     from serving.paired import rank
     from serving.workload import class_figures
 
     profile = request.profile
-    be = break_even_accept_len(profile.binding())  # every class and the mix are held to the hardest point
+    # each drafter's break-even at the hardest operating point, its draft steps priced by what they read
+    be, pricing = {}, {}
+    for cand in gated:
+        _, folder = store.version_folder(f"models:/{cand.mv.name}/{cand.mv.version}")
+        priced, pricing[cand.label] = priced_profile(profile, folder)
+        be[cand.label] = break_even_accept_len(priced.binding())
     counts = {cand.label: classes_of(cand.record, profile) for cand in gated}
     ranking = rank(counts)
-    figures = {label: class_figures(parts, be) for label, parts in counts.items()}
+    figures = {label: class_figures(parts, be[label]) for label, parts in counts.items()}
     incumbent = next((cand.label for cand in gated if cand.incumbent), None)
     evidence = {cand.label: f"{'evaluated' if cand.evaluated else 'reused'} {cand.record.run_id[:8]}" for cand in gated}
     verdict = report.verdict(ranking, figures, be, profile.name, incumbent)
@@ -321,6 +328,7 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
         verdict, "", f"## compare on {profile.name} ({request.engine}, k={profile.draft_steps})", "", who,
         *(["", "Left out:", *left_out] if left_out else []), "",
         report.markdown(ranking, figures, be, floor, share, incumbent, evidence), "",
+        *([f"- {label}: {said}" for label, said in pricing.items() if said] + [""] if any(pricing.values()) else []),
         "Every pair (paired: the same prompts resampled for both; unpaired: each resampled on its own):", "",
         report.pairs_markdown(ranking), "", f"The child evaluations side by side: {link}",
     ])  # fmt: skip
@@ -370,7 +378,7 @@ def publish(request: Request, gated: list[Candidate], o: Outcome) -> None:
                      "compare.evaluated": ",".join(x.label for x in gated if x.evaluated) or "none",
                      "compare.reused": ",".join(x.label for x in gated if not x.evaluated) or "none",
                      "compare.outcome": o.final[:4000]})  # fmt: skip
-    metrics = {"winner_accept_len": o.figures[top][1].accept_len, "break_even_accept_len": o.break_even,
+    metrics = {"winner_accept_len": o.figures[top][1].accept_len, "break_even_accept_len": o.break_even[top],
                "evaluated": float(sum(x.evaluated for x in gated)), "compare_seconds": o.seconds}  # fmt: skip
     if pairs:
         metrics["median_paired_narrower"] = float(sorted(p["paired_narrower"] for p in pairs)[len(pairs) // 2])

@@ -157,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
     trained_on = warn_contamination(mv, request.classes)
     require_fit(folder, args.target, f"drafter {args.model} does not fit target {args.target}")
     check_depth(load_config(folder), request.k, "draft steps (--draft_steps or the profile's)")
+    request = priced(request, folder)
     dep, digest = deployment_target(request)
     request = replace(request, precision=measuring_precision(request, dep, digest))
     warn_other_target(request, dep, digest)
@@ -200,6 +201,17 @@ def parse(args: argparse.Namespace) -> Request:
         args, profile, deployment, deployment.binding(), k, temperature, max_new, limit, seed, data, classes, scope,
         engine, endpoint, served, check_precision(args.dtype),
     )  # fmt: skip
+
+
+def priced(request: Request, folder: Path) -> Request:
+    """The figures projected at this drafter's own draft-step cost (serving.cost.priced_for); the evidence
+    stays bound to the profile as written, and promote prices it again from the weights."""
+    from dataclasses import replace
+
+    deployment, pricing = evidence.priced_profile(request.deployment, folder)
+    if pricing:
+        print(f"evaluate: {pricing}")
+    return replace(request, deployment=deployment, binding=deployment.binding())
 
 
 def deployment_target(request: Request) -> tuple[Any, str]:

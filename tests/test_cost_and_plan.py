@@ -10,6 +10,7 @@ from serving.cost import (
     expected_accept_len,
     fit_conditional_acceptance,
     plan_table,
+    priced_for,
     projected_tps,
     required_acceptance,
 )
@@ -90,3 +91,42 @@ def test_plan_cli_prints_logs_and_exits_with_contract_codes(tmp_path):
     assert _plan("--tps", "fast", cwd=tmp_path).returncode == 2
     assert _plan("--draft_steps", "0", cwd=tmp_path).returncode == 2
     assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == 1
+
+
+def test_a_drafter_whose_steps_read_more_is_priced_up_and_never_down():
+    """host-vllm's draft steps were timed with aq-mini-eagle3 (344576 parameters a step): a drafter whose step
+    reads twice that costs twice the draft part of every cycle, at every operating point; a cheaper one keeps
+    the calibrated price (only timing it may credit it), and a profile whose cycle is all verify has nothing
+    to scale."""
+    p = load_profile("host-vllm")
+    assert p.draft_step_params == 344576 and "draft_step_params" in p.values()
+    same, note = priced_for(p, 344576)
+    assert same is p and note == ""
+    cheaper, note = priced_for(p, 100_000)
+    assert cheaper is p and note == ""
+    dear, note = priced_for(p, 2 * 344576)
+    assert "priced at 2.00x" in note and "0.345 M" in note
+    for op, priced in zip(p.operating_points, dear.operating_points, strict=True):
+        assert priced.draft_step_ms == pytest.approx(2 * op.draft_step_ms)
+        for (k, ms), (_, more) in zip(op.cycle_ms_measured, priced.cycle_ms_measured, strict=True):
+            assert more == pytest.approx(ms + k * op.draft_step_ms)
+    for view, priced in zip(p.serving_points(), dear.serving_points(), strict=True):
+        grows = view.baseline_tps * view.draft_steps * view.draft_step_ms / 1000
+        assert break_even_accept_len(priced) == pytest.approx(break_even_accept_len(view) + grows)
+    assert break_even_accept_len(dear.binding()) > break_even_accept_len(p.binding())
+    seed = load_profile("kimi-k2.5-8xrtxpro6000")  # the 30 ms cycle sits in verify_ms
+    assert priced_for(seed, 10**9) == (seed, "")
+
+
+def test_a_profile_that_does_not_record_its_drafters_step_says_it_cannot_price(tmp_path):
+    text = (ROOT / "configs/profiles/host.yaml").read_text().replace("draft_step_params: 344576\n", "")
+    (tmp_path / "p.yaml").write_text(text)
+    p = load_profile(str(tmp_path / "p.yaml"))
+    assert p.draft_step_params == 0 and "draft_step_params" not in p.values()
+    assert p.digest != load_profile("host").digest  # recorded, the step's size is a value decisions depend on
+    same, note = priced_for(p, 10**6)
+    assert same is p and "not priced by drafter size" in note
+    for bad in ("0", "1.5", "-3", "true"):
+        (tmp_path / "q.yaml").write_text(text + f"draft_step_params: {bad}\n")
+        with pytest.raises(BadInput, match="draft_step_params"):
+            load_profile(str(tmp_path / "q.yaml"))

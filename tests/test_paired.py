@@ -88,3 +88,29 @@ def test_known_differences_are_found_and_ranked():
 def test_different_prompt_counts_are_refused():
     with pytest.raises(ValueError, match="needs the same prompts"):
         difference("A", "B", [(1.0, [(3, 2), (4, 2)], [(3, 2)])])
+
+
+def test_a_bake_off_holds_each_drafter_to_its_own_break_even_when_steps_are_priced_apart():
+    """A drafter whose draft steps read more is held to its own (higher) break-even: the table says which
+    break-even each row is held to, the verdict judges the winner by its own, and the figure draws each."""
+    from reports import bakeoff as report
+    from serving.workload import class_figures
+
+    counts = two_classes(0.3, 0.0)
+    mix = {label: class_figures(parts, 1.0)[1].accept_len for label, parts in counts.items()}
+    be = {"A": mix["A"] + 0.2, "B": mix["B"] - 0.4}  # A ranks first, but its dearer steps cost more than it gains
+    figures = {label: class_figures(parts, be[label]) for label, parts in counts.items()}
+    ranking = rank(counts)
+    rows = {row["drafter"]: row for row in report.rows(ranking, figures, be, 1.0, 0.05, None, {"A": "a", "B": "b"})}
+    assert (rows["A"]["beats_break_even"], rows["B"]["beats_break_even"]) == ("no", "yes")
+    assert rows["A"]["break_even"] == pytest.approx(be["A"])
+    table = report.markdown(ranking, figures, be, 1.0, 0.05, None, {"A": "a", "B": "b"})
+    assert "break-even (its own draft steps')" in table and f"no ({be['A']:.2f})" in table
+    said = report.verdict(ranking, figures, be, "host-vllm", None)
+    assert said.startswith("**A ranks first") and f"below its break-even {be['A']:.2f}" in said
+    assert "no candidate makes speculative decoding pay" not in said  # B does, at its own price
+    shared = report.markdown(ranking, figures, 1.5, 1.0, 0.05, None, {"A": "a", "B": "b"})
+    assert "break-even 1.50 |" in shared
+    fig = report.figure(ranking, figures, be, 1.0, 3, "priced apart")
+    lines = [c for c in fig.axes[0].collections if c.get_label().startswith("break-even (each")]
+    assert len(lines) == 1 and len(lines[0].get_segments()) == 2

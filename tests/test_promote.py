@@ -242,3 +242,21 @@ def test_evidence_matching_is_by_values_not_names(tmp_path):
     assert mismatches(record(), real, "T", files, precision="bfloat16") == [
         "measured with the target at float32; it is served at bfloat16"
     ]
+
+
+def test_a_drafter_whose_steps_cost_more_than_the_timed_ones_is_held_to_its_own_break_even(evaluated, tiny_targets):
+    """A profile whose draft steps were timed with a drafter reading a hundredth of this one's parameters a
+    step: evaluate projects, and promote decides, at this drafter's own price (break-even 0.5 as written,
+    about 20 priced), read from the version's weights, not from anything the evaluation wrote."""
+    from drafter.step_cost import folder_step_cost
+
+    tmp, (_, wrapped) = evaluated, tiny_targets
+    step = folder_step_cost(tmp / "d1").per_step  # the files v1 was imported from
+    text = (tmp / "lenient.yaml").read_text().replace("name: lenient", "name: priced")
+    text = text.replace("draft_step_ms: 0\n", f"draft_step_ms: 10\ndraft_step_params: {max(1, step // 100)}\n")
+    (tmp / "priced.yaml").write_text(text)
+    said = evaluate(tmp, "models:/k25-tiny-eagle3/1", wrapped, tmp / "priced.yaml")
+    assert "draft steps priced at" in said.stdout
+    refused = run_step("promote", ["--model", "models:/k25-tiny-eagle3/1", "--profile", str(tmp / "priced.yaml")], tmp)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "| ci_low beats break-even | NO |" in refused.stdout and "draft steps priced at" in refused.stdout
