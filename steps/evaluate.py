@@ -366,6 +366,15 @@ def measure_classes(request: Request, out: Evaluation) -> None:
         ))  # fmt: skip
 
 
+def decoded_part(request: Request) -> str:
+    """Said in the run's name where it decodes other than the whole pinned workload, so that a short
+    evaluation and a bake-off's whole-workload one of the same version are told apart in the UI."""
+    parts = [] if request.scope == evidence.WORKLOAD else [request.scope.replace(":", " ", 1)]
+    if request.limit:
+        parts.append(f"at most {request.limit} prompt{'' if request.limit == 1 else 's'} a class")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def publish(request: Request, ev: Evaluation) -> None:
     """The run (params, metrics, figures, the evidence record) and, for a registry version measured on the
     profile's pinned workload, its tags and its page."""
@@ -373,7 +382,7 @@ def publish(request: Request, ev: Evaluation) -> None:
 
     profile, m = request.binding, ev.metrics
     label = ev.name.split("/")[-1] if ev.mv is None else run_label(ev.mv, str(request.args.target))
-    with step_run("evaluate", run_name=f"evaluate {label} @ {profile.name}"):
+    with step_run("evaluate", run_name=f"evaluate {label} @ {profile.name}{decoded_part(request)}"):
         log_params(run_params(request))
         if ev.measured is not None:
             keep = ev.measured.artifacts()

@@ -73,6 +73,7 @@ def test_evaluate_logs_metrics_plots_and_tags(tiny_targets, registered):
     assert "break-even 2.46" in res.stdout
     c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
     run = project_runs(c, filter_string="tags.`drafterops.step` = 'evaluate'")[0]
+    assert run.info.run_name == "evaluate v1 @ kimi-k2.5-8xrtxpro6000 (at most 1 prompt a class)"
     m = run.data.metrics
     for key in (
         "accept_len",
