@@ -23,7 +23,6 @@ import yaml
 from common.prompt_files import file_digest, read_prompts
 from drafter.checkpoint import load_drafter
 from drafter.evaluation import evaluate_online
-from drafter.step_cost import folder_step_cost
 from drafter.target import load_target
 from serving.profile import Profile
 
@@ -55,8 +54,6 @@ def main() -> None:
         "verify_ms": round(cycle_ms - args.draft_steps * draft_step_ms, 3),
         "draft_step_ms": round(draft_step_ms, 3),
         "draft_steps": args.draft_steps,
-        # what the timed drafter's step reads: a drafter whose steps read more is priced up (serving.cost)
-        "draft_step_params": folder_step_cost(mw / "aq-mini-eagle3").per_step,
         # evidence for this profile is measured on exactly these prompts (the mini world's held-out test set)
         "eval_prompts": "../../miniworld/prompts/k2.5-test.jsonl",
         "eval_prompts_sha256": file_digest(mw / "prompts" / "k2.5-test.jsonl"),

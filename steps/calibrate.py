@@ -227,9 +227,11 @@ def time_launched(args, prompts, loads, s):
         "target_digest": target_digest(args.target),
         "drafter": f"models:/{mv.name}/{mv.version}" if mv is not None else str(args.drafter),
         "drafter_aux_layer_ids": list(load_config(folder).aux_layer_ids),
-        "drafter_step_params": folder_step_cost(folder).per_step,  # what its draft steps read (drafter.step_cost)
         "hardware": hardware(logs),
     }
+    if not measured["hardware"].startswith("cpu"):  # what its draft steps read (drafter.step_cost): the size
+        # other drafters' steps are priced by; a CPU's step is bound by its operations instead (not recorded)
+        measured["drafter_step_params"] = folder_step_cost(folder).per_step
     if args.synthetic == "yes":
         ok, why = calibration.synthetic_supported(version)
         if not ok:

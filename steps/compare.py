@@ -297,8 +297,9 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
     be, pricing = {}, {}
     for cand in gated:
         _, folder = store.version_folder(f"models:/{cand.mv.name}/{cand.mv.version}")
-        priced, pricing[cand.label] = priced_profile(profile, folder)
+        priced, said = priced_profile(profile, folder)
         be[cand.label] = break_even_accept_len(priced.binding())
+        pricing[f"- {cand.label}: {said}" if priced is not profile else said] = None  # "not priced" said once
     counts = {cand.label: classes_of(cand.record, profile) for cand in gated}
     ranking = rank(counts)
     figures = {label: class_figures(parts, be[label]) for label, parts in counts.items()}
@@ -328,7 +329,7 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
         verdict, "", f"## compare on {profile.name} ({request.engine}, k={profile.draft_steps})", "", who,
         *(["", "Left out:", *left_out] if left_out else []), "",
         report.markdown(ranking, figures, be, floor, share, incumbent, evidence), "",
-        *([f"- {label}: {said}" for label, said in pricing.items() if said] + [""] if any(pricing.values()) else []),
+        *([said for said in pricing if said] + [""] if any(pricing) else []),
         "Every pair (paired: the same prompts resampled for both; unpaired: each resampled on its own):", "",
         report.pairs_markdown(ranking), "", f"The child evaluations side by side: {link}",
     ])  # fmt: skip

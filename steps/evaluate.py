@@ -209,7 +209,7 @@ def priced(request: Request, folder: Path) -> Request:
     from dataclasses import replace
 
     deployment, pricing = evidence.priced_profile(request.deployment, folder)
-    if pricing:
+    if deployment is not request.deployment:
         print(f"evaluate: {pricing}")
     return replace(request, deployment=deployment, binding=deployment.binding())
 

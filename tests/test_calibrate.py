@@ -268,3 +268,16 @@ def test_a_calibration_is_signed_and_an_edited_or_noisy_one_counts_for_nothing(t
     assert not dep.calibrated and "break-even assumed, not measured" in dep.basis and "does not verify" in dep.basis
     noisy = deployment(load_profile(str(calibrated({1: 50.0, 4: 40.0}, "noisy"))))  # 11 ms cycles at 50 tok/s
     assert "break-even 0.550 <= 1 at concurrency 1" in noisy.refusal and "remeasure with more rounds" in noisy.refusal
+
+
+def test_a_calibration_on_a_gpu_records_what_its_drafters_step_reads(tmp_path):
+    """The timed drafter's step size (drafter.step_cost) goes into the profile's values, so a drafter whose
+    steps read more is priced up against it; a CPU calibration records none (its step is op-bound)."""
+    ops = report.operating_points({1: 100.0}, {k: {1: by[1]} for k, by in CYCLES.items()}, {1: 1.0})
+    raw = yaml.safe_load(HOST.read_text())
+    for hardware, params in (("cuda platform; 8 x RTX PRO 6000", 344576), ("cpu platform; AMD EPYC", None)):
+        measured = {"engine": "vllm 0.32.0", "hardware": hardware}
+        measured |= {"drafter_step_params": params} if params else {}
+        out = tmp_path / f"{hardware[:3]}.yaml"
+        out.write_text(report.profile_text(out.stem, "test", ops, 2, measured, report.eval_fields_from(raw, HOST, out)))
+        assert load_profile(str(out)).draft_step_params == (params or 0)

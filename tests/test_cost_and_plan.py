@@ -93,13 +93,16 @@ def test_plan_cli_prints_logs_and_exits_with_contract_codes(tmp_path):
     assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == 1
 
 
-def test_a_drafter_whose_steps_read_more_is_priced_up_and_never_down():
-    """host-vllm's draft steps were timed with aq-mini-eagle3 (344576 parameters a step): a drafter whose step
+def test_a_drafter_whose_steps_read_more_is_priced_up_and_never_down(tmp_path):
+    """host-vllm's cycles as if timed on a GPU with aq-mini-eagle3 (344576 parameters a step): a drafter whose step
     reads twice that costs twice the draft part of every cycle, at every operating point; a cheaper one keeps
     the calibrated price (only timing it may credit it), and a profile whose cycle is all verify has nothing
     to scale."""
-    p = load_profile("host-vllm")
+    text = (ROOT / "configs/profiles/host-vllm.yaml").read_text() + "draft_step_params: 344576\n"
+    (tmp_path / "gpu.yaml").write_text(text.replace("name: host-vllm", "name: gpu"))
+    p = load_profile(str(tmp_path / "gpu.yaml"))
     assert p.draft_step_params == 344576 and "draft_step_params" in p.values()
+    assert p.digest != load_profile("host-vllm").digest  # recorded, the step's size is a value decisions depend on
     same, note = priced_for(p, 344576)
     assert same is p and note == ""
     cheaper, note = priced_for(p, 100_000)
@@ -119,11 +122,10 @@ def test_a_drafter_whose_steps_read_more_is_priced_up_and_never_down():
 
 
 def test_a_profile_that_does_not_record_its_drafters_step_says_it_cannot_price(tmp_path):
-    text = (ROOT / "configs/profiles/host.yaml").read_text().replace("draft_step_params: 344576\n", "")
-    (tmp_path / "p.yaml").write_text(text)
-    p = load_profile(str(tmp_path / "p.yaml"))
+    """host.yaml was timed on a CPU, whose draft step is bound by its operations, not by what it reads."""
+    text = (ROOT / "configs/profiles/host.yaml").read_text()
+    p = load_profile("host")
     assert p.draft_step_params == 0 and "draft_step_params" not in p.values()
-    assert p.digest != load_profile("host").digest  # recorded, the step's size is a value decisions depend on
     same, note = priced_for(p, 10**6)
     assert same is p and "not priced by drafter size" in note
     for bad in ("0", "1.5", "-3", "true"):
