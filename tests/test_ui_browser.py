@@ -170,8 +170,15 @@ def test_after_main_the_ui_tells_which_drafter_is_where_and_why(main_job):
         above_the_fold(b, "No drafter beats break-even")
         b.save_screenshot(str(out / "main_run.png"))
         model = page_text(b, f"{base}/#/models/{name}", "Where each alias points", "Every version", "refused")
-        for figure in printed:  # the same numbers as the table main printed, rounded the same way
+        # each version's latest evaluation, rounded as main prints it: main's own where the bake-off reused it,
+        # the bake-off's where it evaluated the version again on the whole workload (main ran at --limit 6)
+        for v in c.search_model_versions(f"name='{name}'"):
+            t = c.get_model_version(name, v.version).tags
+            figure = "{:.3f} [{:.3f}, {:.3f}]".format(*(float(t[f"eval.{profile}.{k}"]) for k in (
+                "accept_len", "accept_len_ci_low", "accept_len_ci_high")))  # fmt: skip
             assert figure in model, (figure, model[:3000])
+        assert main_run.data.tags["mlflow.note.content"].count(" [") >= len(printed)
+        assert all(figure in main_run.data.tags["mlflow.note.content"] for figure in printed)
         assert all(f"v{v.version}" in model for v in c.search_model_versions(f"name='{name}'"))
         above_the_fold(b, "Last promotion decision")
         b.save_screenshot(str(out / "model.png"))
