@@ -170,8 +170,8 @@ def test_after_main_the_ui_tells_which_drafter_is_where_and_why(main_job):
         above_the_fold(b, "No drafter beats break-even")
         b.save_screenshot(str(out / "main_run.png"))
         model = page_text(b, f"{base}/#/models/{name}", "Where each alias points", "Every version", "refused")
-        # each version's latest evaluation, rounded as main prints it: main's own where the bake-off reused it,
-        # the bake-off's where it evaluated the version again on the whole workload (main ran at --limit 6)
+        # each version's latest evaluation, rounded as main prints it (a bake-off that evaluated a version again
+        # on the whole workload, after a main job at --limit, would show its own)
         for v in c.search_model_versions(f"name='{name}'"):
             t = c.get_model_version(name, v.version).tags
             figure = "{:.3f} [{:.3f}, {:.3f}]".format(*(float(t[f"eval.{profile}.{k}"]) for k in (
