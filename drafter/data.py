@@ -471,7 +471,12 @@ class Batch:
         return int(self.attention_mask.sum())
 
     def to(self, device: torch.device | str) -> Batch:
-        return Batch(**{k: None if v is None else v.to(device) for k, v in vars(self).items()})
+        """On `device`; to a GPU from pinned memory, without waiting for it."""
+        if torch.device(device).type != "cuda":
+            return Batch(**{k: None if v is None else v.to(device) for k, v in vars(self).items()})
+        return Batch(
+            **{k: None if v is None else v.pin_memory().to(device, non_blocking=True) for k, v in vars(self).items()}
+        )
 
 
 def collate(samples: list[Sample], max_len: int | None = None) -> Batch:

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from drafter import compiled
+
 
 def _wide(x: torch.Tensor) -> torch.Tensor:
     """x in at least fp32 (bf16 and fp16 widen, fp64 stays)."""
@@ -39,8 +41,16 @@ class _RMSNorm(torch.autograd.Function):
         return grad_x.to(x.dtype), grad_weight, None
 
 
+def _plain_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = _wide(x)
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """weight * (x / rms(x)), the normalisation in fp32, the result in x's dtype times the weight."""
+    """weight * (x / rms(x)), the normalisation in fp32, the result in x's dtype times the weight
+    (on a GPU one compiled kernel each way, drafter/compiled.py)."""
+    if compiled.on_device(x):
+        return compiled.compiled(_plain_rms_norm)(x, weight, eps)
     return _RMSNorm.apply(x, weight, eps)
 
 
@@ -60,8 +70,14 @@ class _SwiGLU(torch.autograd.Function):
         return grad_gate, grad_up
 
 
+def _plain_swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up, keeping only gate and up for backward."""
+    """silu(gate) * up, keeping only gate and up for backward (on a GPU one compiled kernel each way)."""
+    if compiled.on_device(gate):
+        return compiled.compiled(_plain_swiglu)(gate, up)
     return _SwiGLU.apply(gate, up)
 
 

@@ -71,7 +71,11 @@ def simulated_accept_len(cond_acc: list[float]) -> float:
 
 
 def target_draft_logits(last_hidden: torch.Tensor, head_rows: torch.Tensor) -> torch.Tensor:
-    """Target logits over the draft vocabulary: last_hidden @ lm_head[t2d].T (fp32)."""
+    """Target logits over the draft vocabulary: last_hidden @ lm_head[t2d].T, in fp32; on a GPU in the
+    states' own half precision (a bf16 matmul accumulates in fp32, as the target's own head does), which
+    the loss widens when it takes the softmax."""
+    if last_hidden.is_cuda and last_hidden.dtype in (torch.bfloat16, torch.float16):
+        return last_hidden @ head_rows.to(last_hidden.dtype).T
     return last_hidden.float() @ head_rows.float().T
 
 

@@ -66,7 +66,7 @@ def activation_bytes(
     `attention="blockwise"` (drafter/ttt_attention.py) keeps per step and position only the query's
     output, its log-sum-exp and the chain's own keys and values: every term is linear in `width`
     except one query block's scores, which are bounded. `"eager"` keeps each step's whole probability
-    matrix, [heads, width, width + step] per row."""
+    matrix, [heads, width, width + step] per row. `"flex"` is the GPU path (drafter/flex_ttt.py)."""
     from drafter.ttt_attention import BLOCK_ELEMENTS
 
     h, i, vd, ht = cfg.hidden_size, cfg.intermediate_size, cfg.draft_vocab_size, cfg.target_hidden
@@ -83,6 +83,8 @@ def activation_bytes(
     per_step_position = f * 4 + a * (7 * h + q + k + v + o + kept + 2 * i + vd) + f * vd
     head_rows = vd * h * f  # the target's lm_head rows of the draft vocabulary, the loss's teacher
     logits_backward = 2 * n * vd * f  # log-softmax and softmax backward
+    if attention == "flex":
+        return _fused_activation_bytes(cfg, rows, width, ttt, bf16)
     if attention == "eager":
         masks = rows * width * width + width * width  # allowed keys per row, causal
         matrix = rows * heads * width * width * (f + (a if bf16 else 0))  # probabilities (+ their cast)
@@ -95,6 +97,27 @@ def activation_bytes(
     accumulators = n * f * (2 * q + o + (q + o) / 2 * (ttt - 1))  # backward's fp32 gradients of q, k, v, the chain
     transients = logits_backward + block_transients + accumulators
     return int(batch + target + ttt * per_step + n * a * h + transients + head_rows)
+
+
+def _fused_activation_bytes(cfg: DrafterConfig, rows: int, width: int, ttt: int, bf16: bool) -> int:
+    """The GPU path (drafter/ttt_step.py over drafter/flex_ttt.py): per step and position the compiled norms
+    keep their inputs and an fp32 reciprocal norm, the projections their inputs, flex attention its query,
+    output and log-sum-exp, SwiGLU gate and up, and the fused loss its gradient of the logits (no fp32
+    log-softmax); step j's keys and values are step 0's and the j earlier steps' side by side, kept whole
+    for the kernel's backward. The collated batch arrives in fp32 and is cast; the teacher's draft-vocab
+    logits come in the states' precision and its distribution in fp32."""
+    h, i, vd, ht = cfg.hidden_size, cfg.intermediate_size, cfg.draft_vocab_size, cfg.target_hidden
+    q, _, _, o, kept = cfg.attention_widths
+    keys = q + o  # keys and values as the kernel reads them (GQA expanded; MLA per head)
+    a, f = (2 if bf16 else 4), 4
+    n = rows * width
+    batch = n * (4 * (3 * ht + ht) + 3 * 8 + 3) + n * (3 * ht + ht) * a * int(bf16)  # fp32 batch, its cast
+    batch += n * 3 * ht * a * (int(cfg.fc_norm) + int(cfg.norm_before_fc))  # EAGLE-3.1's norms before fc
+    target = n * vd * (a + f)  # the teacher's logits and its fp32 distribution
+    per_step = a * (7 * h + q + 2 * o + 3 * i + vd + kept) + f * (4 + cfg.num_attention_heads)
+    chain = a * keys * (ttt * (ttt + 1) // 2 + (ttt - 1))  # each step's keys whole; earlier steps' in full layout
+    transients = a * (vd + 2 * i + 4 * h + q + ttt * keys) + f * q  # the last step's backward
+    return int(batch + target + n * (a * h + ttt * per_step + chain + transients))
 
 
 def allocator_bytes() -> int:

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from common.errors import BadInput
+from drafter import compiled
 from drafter.lean_ops import RMSNorm
 from drafter.rope import RopeSpec
 
@@ -113,6 +114,12 @@ def check_rope(rope: RopeSpec, where: str) -> None:
 def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """GPT-J / DeepSeek rotary: dimensions (2i, 2i+1) rotate by angle i. cos/sin as drafter.model's
     Rotary gives them ([B or 1, T, d], the d/2 angles twice); x: [B, heads, T, d]."""
+    if compiled.on_device(x):
+        return compiled.compiled(_rope_interleaved)(x, cos, sin)
+    return _rope_interleaved(x, cos, sin)
+
+
+def _rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     c, s = cos[:, None, :, :half], sin[:, None, :, :half]
     x1, x2 = x[..., 0::2], x[..., 1::2]

@@ -13,20 +13,25 @@ a KV cache. Both share one attention rule, so what is trained is what is served:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from drafter import compiled
 from drafter.config import DrafterConfig
+from drafter.flex_ttt import flex_ttt_attention
 from drafter.lean_ops import RMSNorm, swiglu
-from drafter.loss import shifted
 from drafter.mla import MLAAttention
 from drafter.rope import RopeSpec
 from drafter.ttt_attention import KeyRule, blockwise_ttt_attention
+from drafter.ttt_plan import PackedPlan, Plan, Rows, StepPlan, count, plan_steps
 
-ATTENTION = ("blockwise", "eager")  # blockwise: memory linear in length (drafter/ttt_attention.py)
+# blockwise: memory linear in length (drafter/ttt_attention.py), the CPU path; flex: fused kernels
+# (drafter/flex_ttt.py), the GPU path; auto: flex on CUDA, blockwise elsewhere; eager: the reference
+ATTENTION = ("auto", "blockwise", "flex", "eager")
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -49,9 +54,13 @@ class Rotary(nn.Module):
         return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, heads, T, d]; cos/sin: [B or 1, T, d]."""
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, heads, T, d]; cos/sin: [B or 1, T, d] (on a GPU one compiled kernel, drafter/compiled.py)."""
+    return compiled.compiled(_rope)(x, cos, sin) if compiled.on_device(x) else _rope(x, cos, sin)
 
 
 class Attention(nn.Module):
@@ -114,48 +123,6 @@ class MidLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-def _step_positions(
-    pred_mask: torch.Tensor | None,
-    steps: int,
-    b: int,
-    t: int,
-    device: torch.device,
-    segment_ids: torch.Tensor | None = None,
-) -> tuple[list[torch.Tensor | None], list[torch.Tensor]]:
-    """(where each TTT step is scored, where each step must run). Step j at position t is scored
-    against the prediction at t+j+1 of the same sample; a step runs where it or a later step is scored."""
-    if pred_mask is None:
-        every = torch.ones(b, t, dtype=torch.bool, device=device)
-        return [None] * steps, [every] * steps
-    scored = [shifted(pred_mask.bool(), j + 1, segment_ids) for j in range(steps)]
-    needed, acc = [], torch.zeros(b, t, dtype=torch.bool, device=device)
-    for s in reversed(scored):
-        acc = acc | s
-        needed.append(acc)
-    return scored, needed[::-1]
-
-
-Rows = torch.Tensor | int  # [B, M] positions per row, or M for the prefix 0..M-1 of every row
-
-
-def _compact(mask: torch.Tensor) -> Rows:
-    """The positions each row computes: M when every row's True positions lie in 0..M-1 (a plain
-    slice; the usual case at step 0 and when every position is trained), else [B, M] positions per
-    row, the row's True positions in order, then (to pad rows to the longest, M) positions that are
-    False, whose results nothing reads. M >= 1."""
-    b, t = mask.shape
-    m = max(int(mask.sum(1).max()), 1)
-    ends = torch.where(mask.any(1), t - mask.flip(1).long().argmax(1), 0)  # last True position + 1
-    if int(ends.max()) <= m:
-        return m
-    key = (~mask).long() * t + torch.arange(t, device=mask.device)[None]
-    return torch.argsort(key, dim=1)[:, :m]
-
-
-def _count(rows: Rows) -> int:
-    return rows if isinstance(rows, int) else rows.shape[1]
-
-
 def _take(x: torch.Tensor, rows: Rows, dim: int) -> torch.Tensor:
     """x at positions `rows` along `dim` (1 for [B, T, ...], 2 for [B, h, T, d])."""
     if isinstance(rows, int):
@@ -177,12 +144,26 @@ def _put(full: torch.Tensor, part: torch.Tensor, rows: Rows, dim: int) -> torch.
     return full.scatter(dim, index, part)
 
 
-def _chain(full: list[torch.Tensor], rows: Rows, q: torch.Tensor, width: int) -> torch.Tensor:
-    """The earlier steps' keys (or values, `width` wide) at this step's positions, [B, h, M, J, width]
-    (J may be 0)."""
-    if not full:
+def _earlier(steps: list[tuple[torch.Tensor, Rows]], rows: Rows, like: torch.Tensor) -> list[torch.Tensor]:
+    """Each earlier step's keys (or values) at this step's positions, [B, h, M, width] each. A step's
+    positions lie within every earlier step's (a step runs where it or a later step is scored), so where
+    both are prefixes this is a view; else the earlier ones are laid out over all T positions (`like`'s
+    shape) and gathered."""
+    out = []
+    for x, at in steps:
+        if isinstance(at, int) and isinstance(rows, int):
+            out.append(x.narrow(2, 0, rows))
+        else:
+            out.append(_take(_put(x.new_zeros(*like.shape[:3], x.shape[-1]), x, at, dim=2), rows, dim=2))
+    return out
+
+
+def _chain(earlier: list[torch.Tensor], q: torch.Tensor, width: int) -> torch.Tensor:
+    """The earlier steps' keys (or values, `width` wide) at this step's positions side by side,
+    [B, h, M, J, width] (J may be 0)."""
+    if not earlier:
         return q.new_zeros(*q.shape[:3], 0, width)
-    return torch.stack([_take(x, rows, dim=2) for x in full], dim=3)
+    return torch.stack(earlier, dim=3)
 
 
 @dataclass
@@ -222,7 +203,7 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
         self.rotary = Rotary(cfg.rope_dim, cfg.rope, cfg.max_position_embeddings)
         self.has_embedding = False  # True once embed_tokens holds the target's embedding
-        self.attention = "blockwise"  # "eager": the reference, the whole probability matrix per step
+        self.attention = "auto"  # one of ATTENTION; "eager": the reference, the whole probability matrix per step
 
     # ------------------------------------------------------------------ helpers
     def init_weights(self, seed: int = 0, std: float = 0.02) -> None:
@@ -271,6 +252,7 @@ class Eagle3Drafter(nn.Module):
         pred_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
+        plan: Plan | None = None,
     ) -> list[torch.Tensor]:
         """Unrolled TTT forward; returns draft-vocab logits [B, T, Vd] for each step.
 
@@ -282,15 +264,40 @@ class Eagle3Drafter(nn.Module):
         computes only what the loss or a later step reads: step j's logits where step j is scored,
         its attention and MLP where step j or a later one is (a prompt position is never scored, so
         only step 0's keys and values cover it). The logits elsewhere are 0 and carry no gradient, or
-        are left off: a step's logits may be shorter than T when no later position is scored.
+        are left off: a step's logits may be shorter than T when no later position is scored. A
+        `plan` made on the host from the same masks (drafter/ttt_plan.py) spares the GPU path the waits.
 
         Packed rows (drafter/packing.py) pass `position_ids` (restarting per sample) and `segment_ids`:
         a position attends only to its own sample, and no step is scored across two samples.
         """
         b, t = input_ids.shape
-        if segment_ids is not None and b > 1:
-            return self._each_row(input_ids, aux_hidden, attention_mask, ttt_length, noise_std, pred_mask,
-                                  position_ids, segment_ids)  # fmt: skip
+        plan = plan_steps(pred_mask, ttt_length, (b, t), attention_mask, segment_ids) if plan is None else plan
+        if isinstance(plan, PackedPlan):
+            return self._each_row(input_ids, aux_hidden, attention_mask, noise_std, position_ids, segment_ids, plan)
+        outs = []
+        for states, at in self.ttt_states(input_ids, aux_hidden, plan, attention_mask, noise_std, position_ids,
+                                          segment_ids):  # fmt: skip
+            logits = self.logits(states)
+            if at is None or isinstance(at, int):  # scored positions all lie in 0..at-1: no zero tail to build
+                outs.append(logits)
+            else:
+                outs.append(_put(logits.new_zeros(b, t, logits.shape[-1]), logits, at, dim=1))
+        return outs
+
+    def ttt_states(
+        self,
+        input_ids: torch.Tensor,
+        aux_hidden: torch.Tensor,
+        plan: StepPlan,
+        attention_mask: torch.Tensor | None = None,
+        noise_std: float = 0.0,
+        position_ids: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+    ) -> Iterator[tuple[torch.Tensor, Rows | None]]:
+        """The TTT unroll one step at a time: for each step, the carried states its logits are read from
+        ([B, n, H], at the plan's scored positions) and those positions (None: all T). A caller that
+        scores each step as it comes (drafter/ttt_step.py) never holds every step's logits at once."""
+        b, t = input_ids.shape
         dtype = self.fc.weight.dtype
         if noise_std > 0:
             aux_hidden = aux_hidden + noise_std * torch.randn_like(aux_hidden)
@@ -298,22 +305,20 @@ class Eagle3Drafter(nn.Module):
         device = input_ids.device
         pos = torch.arange(t, device=device)[None].expand(b, t) if position_ids is None else position_ids
         key_ok = torch.ones(b, t, dtype=torch.bool, device=device) if attention_mask is None else attention_mask.bool()
+        mode = self.attention if self.attention != "auto" else ("flex" if input_ids.is_cuda else "blockwise")
         allowed0 = None
-        if self.attention == "eager":  # the whole [B, Tq, Tk] mask: the reference path only
+        if mode == "eager":  # the whole [B, Tq, Tk] mask: the reference path only
             causal = torch.tril(torch.ones(t, t, dtype=torch.bool, device=device))
             allowed0 = causal[None] & key_ok[:, None, :]
             if segment_ids is not None:
                 allowed0 = allowed0 & (segment_ids[:, :, None] == segment_ids[:, None, :])
-        scored, needed = _step_positions(pred_mask, ttt_length, b, t, device, segment_ids)
         attn = self.midlayer.self_attn
         scale = getattr(attn, "softmax_scale", 1.0 / math.sqrt(attn.head_dim))
         keys0 = values0 = None
-        diag_k: list[torch.Tensor] = []  # full layout [B, h, T, d]; read only where later steps run
-        diag_v: list[torch.Tensor] = []
-        outs = []
-        for j in range(ttt_length):
+        diag_k: list[tuple[torch.Tensor, Rows]] = []  # each earlier step's keys at its own positions
+        diag_v: list[tuple[torch.Tensor, Rows]] = []
+        for j, rows in enumerate(plan.needed):  # rows: the positions this step computes (M == T: all)
             ids = F.pad(input_ids[:, j + 1 :], (0, j + 1), value=0)
-            rows = _compact(needed[j])  # [B, M] positions this step computes (M == T: all)
             if j == 0:  # keys and values of every position: every later query attends to them
                 x = self.midlayer.attn_input(self.embed_tokens(ids).to(dtype), hidden)
                 cos, sin = self.rotary(pos, dtype)
@@ -326,30 +331,30 @@ class Eagle3Drafter(nn.Module):
                 )
                 cos, sin = self.rotary(_take(pos, rows, dim=1) + j, dtype)
                 q, k, v = attn.qkv(x, cos, sin)
-                diag_k.append(_put(torch.zeros_like(keys0), attn.expand_kv(k), rows, dim=2))
-                diag_v.append(_put(torch.zeros_like(values0), attn.expand_kv(v), rows, dim=2))
-            if self.attention == "eager":
-                out = self._eager_attention(q, keys0, values0, diag_k, diag_v, rows, allowed0, j, scale)
+            chain_k, chain_v = _earlier(diag_k, rows, keys0), _earlier(diag_v, rows, values0)
+            if j > 0:
+                diag_k.append((attn.expand_kv(k), rows))
+                diag_v.append((attn.expand_kv(v), rows))
+                chain_k.append(diag_k[-1][0])
+                chain_v.append(diag_v[-1][0])
+            if mode == "eager":
+                out = self._eager_attention(q, keys0, values0, chain_k, chain_v, rows, allowed0, j, scale)
             else:
                 at = torch.arange(rows, device=device)[None].expand(b, rows) if isinstance(rows, int) else rows
                 rule = KeyRule(at, key_ok, segment_ids, self.config.sliding_window, offset=j)
-                chain_k, chain_v = _chain(diag_k, rows, q, keys0.shape[-1]), _chain(diag_v, rows, q, values0.shape[-1])
-                out = blockwise_ttt_attention(q, keys0, values0, chain_k, chain_v, rule, scale)
-            out = out.transpose(1, 2).reshape(b, _count(rows), -1)
-            hidden = _put(hidden, self.carry(self.midlayer.finish(out, _take(hidden, rows, dim=1))), rows, dim=1)
-            if scored[j] is None:
-                outs.append(self.logits(hidden))
-            else:
-                at = _compact(scored[j])
-                logits = self.logits(_take(hidden, at, dim=1))
-                if isinstance(at, int):  # scored positions all lie in 0..at-1: no zero tail to build
-                    outs.append(logits)
+                if mode == "flex":  # the chain as a list: the kernel's keys are made in one copy
+                    out = flex_ttt_attention(q, keys0, values0, chain_k, chain_v, rule, scale)
                 else:
-                    outs.append(_put(logits.new_zeros(b, t, logits.shape[-1]), logits, at, dim=1))
-        return outs
+                    chain_k, chain_v = _chain(chain_k, q, keys0.shape[-1]), _chain(chain_v, q, values0.shape[-1])
+                    out = blockwise_ttt_attention(q, keys0, values0, chain_k, chain_v, rule, scale)
+            out = out.transpose(1, 2).reshape(b, count(rows), -1)
+            hidden = _put(hidden, self.carry(self.midlayer.finish(out, _take(hidden, rows, dim=1))), rows, dim=1)
+            at = plan.scored[j]
+            yield (hidden if at is None else _take(hidden, at, dim=1)), at
 
-    def _eager_attention(self, q, keys0, values0, diag_k, diag_v, rows, allowed0, j, scale) -> torch.Tensor:  # noqa: ANN001
-        """The reference path: every step's whole probability matrix [B, h, M, T + j], kept for backward."""
+    def _eager_attention(self, q, keys0, values0, chain_k, chain_v, rows, allowed0, j, scale) -> torch.Tensor:  # noqa: ANN001
+        """The reference path: every step's whole probability matrix [B, h, M, T + j], kept for backward
+        (chain_k, chain_v: the earlier steps' keys and values at this step's positions)."""
         t = keys0.shape[2]
         allowed = _take(allowed0, rows, dim=1)
         window = self.config.sliding_window
@@ -358,42 +363,27 @@ class Eagle3Drafter(nn.Module):
             allowed = allowed & ((qpos[..., :, None] + j - torch.arange(t, device=q.device)) < window)
         scores = torch.matmul(q, keys0.transpose(-1, -2)) * scale  # [B, h, M, T]
         scores = scores.masked_fill(~allowed[:, None], torch.finfo(scores.dtype).min)
-        diag = [(q * _take(dk, rows, dim=2)).sum(-1, keepdim=True) * scale for dk in diag_k]  # [B, h, M, 1]
+        diag = [(q * dk).sum(-1, keepdim=True) * scale for dk in chain_k]  # [B, h, M, 1]
         probs = torch.softmax(torch.cat([scores, *diag], dim=-1), dim=-1, dtype=torch.float32).to(q.dtype)
         out = torch.matmul(probs[..., :t], values0)
-        for i, dv in enumerate(diag_v):
-            out = out + probs[..., t + i : t + i + 1] * _take(dv, rows, dim=2)
+        for i, dv in enumerate(chain_v):
+            out = out + probs[..., t + i : t + i + 1] * dv
         return out
 
-    def _each_row(self, input_ids, aux_hidden, attention_mask, ttt_length, noise_std, pred_mask, position_ids,
-                  segment_ids) -> list[torch.Tensor]:  # fmt: skip
+    def _each_row(self, input_ids, aux_hidden, attention_mask, noise_std, position_ids, segment_ids,
+                  plan: PackedPlan) -> list[torch.Tensor]:  # fmt: skip
         """Packed rows one at a time, each cut to its content: the positions a step computes are then
         exactly its own (rows of a batch are never padded to the busiest row's count, and trailing pad
         positions cost nothing). Logits come back as [B, T, Vd], zero where nothing is scored."""
-        b, t = input_ids.shape
-        lengths = attention_mask.sum(1).tolist() if attention_mask is not None else [t] * b
+        t = input_ids.shape[1]
         per_row = []
-        for r, n in enumerate(lengths):
-            n = max(int(n), 1)
-
-            def cut(x: torch.Tensor | None, r: int = r, n: int = n) -> torch.Tensor | None:
-                return None if x is None else x[r : r + 1, :n]
-
-            per_row.append(
-                self.forward(
-                    cut(input_ids),
-                    cut(aux_hidden),
-                    cut(attention_mask),
-                    ttt_length,
-                    noise_std,
-                    cut(pred_mask),
-                    cut(position_ids),
-                    cut(segment_ids),
-                )  # fmt: skip
-            )
-        return [
-            torch.cat([F.pad(rows[j], (0, 0, 0, t - rows[j].shape[1])) for rows in per_row]) for j in range(ttt_length)
-        ]
+        for r, (n, row_plan) in enumerate(zip(plan.lengths, plan.rows, strict=True)):
+            cut = lambda x, r=r, n=n: None if x is None else x[r : r + 1, :n]  # noqa: E731
+            row = (cut(input_ids), cut(aux_hidden), cut(attention_mask))
+            per_row.append(self.forward(*row, noise_std=noise_std, position_ids=cut(position_ids),
+                                        segment_ids=cut(segment_ids), plan=row_plan))  # fmt: skip
+        steps = len(plan.rows[0].needed)
+        return [torch.cat([F.pad(rows[j], (0, 0, 0, t - rows[j].shape[1])) for rows in per_row]) for j in range(steps)]
 
     # ------------------------------------------------------------------ decoding
     def _step(

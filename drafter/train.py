@@ -29,6 +29,8 @@ from drafter.data import collate, split_indices, token_counts
 from drafter.loss import StepStats, loss_positions, pred_mask_from_loss_mask, target_draft_logits, ttt_loss
 from drafter.model import Eagle3Drafter
 from drafter.packing import collate_packed
+from drafter.ttt_plan import plan_steps
+from drafter.ttt_step import ttt_step_loss
 from drafter.vocab import build_vocab_maps
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "deepspeed"
@@ -70,9 +72,10 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0  # 0: checkpoint at every validation
     packing: bool = True  # pack a batch's samples into rows (drafter/packing.py); False pads each to the longest
+    log_every: int = 0  # steps whose figures are read from the device at once; 0: every step on a CPU, 10 on a GPU
 
     def to_params(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k not in ("ds_overrides", "checkpoint_dir")}
+        return {k: v for k, v in asdict(self).items() if k not in ("ds_overrides", "checkpoint_dir", "log_every")}
 
 
 @dataclass
@@ -319,14 +322,19 @@ def train(
     val_stats, tokens, t0 = None, 0, time.perf_counter()
     bar = tqdm(range(run.start_step, cfg.max_steps), initial=run.start_step, total=cfg.max_steps, desc="train",
                disable=not (progress and is_rank0()), unit="step")  # fmt: skip
+    pending: list[_Pending] = []
+    every = cfg.log_every or (10 if run.engine.device.type == "cuda" else 1)
     for step in bar:
-        metrics, step_tokens = _step(run, dataset, cfg, step)
-        tokens += step_tokens
-        history.append(metrics)
-        if on_step is not None and is_rank0():
-            on_step(step + 1, metrics)
-        bar.set_postfix(loss=f"{metrics['train_loss']:.3f}", acc0=f"{metrics['train_acc_0']:.2f}")
+        pending.append(_step(run, dataset, cfg, step))
         done = step + 1
+        if len(pending) >= every or done == cfg.max_steps or _due(run, cfg, done):
+            for p, (metrics, step_tokens) in zip(pending, _read(pending), strict=True):  # one wait per interval
+                tokens += step_tokens
+                history.append(metrics)
+                if on_step is not None and is_rank0():
+                    on_step(p.step, metrics)
+            bar.set_postfix(loss=f"{history[-1]['train_loss']:.3f}", acc0=f"{history[-1]['train_acc_0']:.2f}")
+            pending = []
         validated = _validate_and_checkpoint(run, cfg, done)
         if validated is not None:
             val_stats = validated
@@ -379,41 +387,94 @@ def _setup(model: Eagle3Drafter, dataset: Any, cfg: TrainConfig, val_dataset: An
                   ckpt_dir, start_step)  # fmt: skip
 
 
-def _step(run: _Setup, dataset: Any, cfg: TrainConfig, step: int) -> tuple[dict[str, float], int]:
-    """One optimizer step on this rank's share of the global batch: (metrics, the global batch's tokens)."""
+@dataclass
+class _Pending:
+    """A finished step whose figures are still on the device: read with the rest of its logging interval."""
+
+    step: int
+    loss: torch.Tensor  # the global batch's loss
+    stats: StepStats
+    tokens: torch.Tensor  # the global batch's tokens
+    lr: float
+
+
+def _step(run: _Setup, dataset: Any, cfg: TrainConfig, step: int) -> _Pending:
+    """One optimizer step on this rank's share of the global batch. The batch and its masks are made on
+    the host; on a GPU the step's plan is made there too (drafter/ttt_plan.py), each TTT step is scored as
+    it comes (drafter/ttt_step.py), and nothing waits for the device: the figures stay there."""
     import torch.distributed as dist
 
-    engine, world = run.engine, run.world
+    engine, world, device = run.engine, run.world, run.engine.device
     mine = rank_share(batch_indices(run.train_idx, cfg.batch_size, cfg.seed, step), run.rank, world)
-    batch = (collate_packed if cfg.packing else collate)([dataset[i] for i in mine], cfg.max_len).to(engine.device)
+    batch = (collate_packed if cfg.packing else collate)([dataset[i] for i in mine], cfg.max_len)
     segments = batch.segment_ids
     mask = pred_mask_from_loss_mask(batch.loss_mask, segments) & batch.attention_mask
-    steps = engine(
-        batch.input_ids, batch.aux_hidden.to(run.dtype), batch.attention_mask, ttt_length=cfg.ttt_length,
-        noise_std=cfg.noise_std, pred_mask=mask,  # compute only what the loss reads
-        position_ids=batch.position_ids, segment_ids=segments,
-    )  # fmt: skip
-    counts = loss_positions(batch.target_token, mask, engine.module.t2d, cfg.ttt_length, segments)
     step_tokens = torch.tensor([float(batch.num_tokens)])
+    fused = scored_as_it_comes(device)
+    if fused:
+        plan = plan_steps(mask, cfg.ttt_length, tuple(mask.shape), batch.attention_mask, segments).to(device)
+        batch, mask, step_tokens = batch.to(device), mask.to(device), step_tokens.to(device)
+    else:
+        batch, mask = batch.to(device), mask.to(device)
+    segments = batch.segment_ids
+    counts = loss_positions(batch.target_token, mask, engine.module.t2d, cfg.ttt_length, segments)
     if world > 1:  # the loss is a mean over the global batch's positions, not each rank's
         dist.all_reduce(counts)
         dist.all_reduce(step_tokens)
-    loss, _, stats = ttt_loss(
-        steps, target_draft_logits(batch.last_hidden, run.head_rows), batch.target_token, mask, engine.module.t2d,
-        engine.module.d2t, decay=cfg.step_decay, denominators=counts, world_size=world, segment_ids=segments,
-    )  # fmt: skip
+    target = target_draft_logits(batch.last_hidden.to(run.dtype) if fused else batch.last_hidden, run.head_rows)
+    if fused:
+        loss, stats = ttt_step_loss(engine.module, batch, mask, target, plan, cfg.step_decay, counts, world,
+                                    cfg.noise_std)  # fmt: skip
+    else:
+        steps = engine(
+            batch.input_ids, batch.aux_hidden.to(run.dtype), batch.attention_mask, ttt_length=cfg.ttt_length,
+            noise_std=cfg.noise_std, pred_mask=mask,  # compute only what the loss reads
+            position_ids=batch.position_ids, segment_ids=segments,
+        )  # fmt: skip
+        loss, _, stats = ttt_loss(
+            steps, target, batch.target_token, mask, engine.module.t2d, engine.module.d2t, decay=cfg.step_decay,
+            denominators=counts, world_size=world, segment_ids=segments,
+        )  # fmt: skip
     shown = loss.detach().clone()
     if world > 1:  # the global batch's loss: the mean of the ranks' parts
         dist.all_reduce(shown)
         shown /= world
-    loss_value = shown.item()
-    if not math.isfinite(loss_value):
-        raise TrainingDiverged(step + 1, loss_value)
+    if not fused and not math.isfinite(shown.item()):  # on the CPU nothing is lost by looking at once
+        raise TrainingDiverged(step + 1, shown.item())
     engine.backward(loss)
     engine.step()
     lr = run.scheduler.get_last_lr()[0] if run.scheduler is not None else cfg.peak_lr
-    metrics = {"train_loss": loss_value, "lr": float(lr), **{f"train_acc_{i}": a for i, a in enumerate(stats.accuracy)}}
-    return metrics, int(step_tokens.item())  # every rank's tokens
+    return _Pending(step + 1, shown, stats, step_tokens, float(lr))
+
+
+def scored_as_it_comes(device: torch.device) -> bool:
+    """Whether steps run the GPU path (a host-made plan, each TTT step scored as it comes, figures left on
+    the device): on CUDA. The CPU keeps the reference path, whose memory plan was measured there."""
+    return device.type == "cuda"
+
+
+def _read(pending: list[_Pending]) -> list[tuple[dict[str, float], int]]:
+    """The pending steps' (metrics, tokens) in one read from the device; a loss that is not finite
+    stops the run at the step that made it."""
+    flat = torch.cat([torch.cat([p.loss.reshape(1).double(), p.tokens.reshape(1).double(), p.stats.correct.double(),
+                                 p.stats.total.double()]) for p in pending]).tolist()  # fmt: skip
+    width = len(flat) // len(pending)
+    out = []
+    for i, p in enumerate(pending):
+        row = flat[i * width : (i + 1) * width]
+        loss, step_tokens, steps = row[0], int(row[1]), (width - 2) // 2
+        if not math.isfinite(loss):
+            raise TrainingDiverged(p.step, loss)
+        accuracy = [c / max(n, 1.0) for c, n in zip(row[2 : 2 + steps], row[2 + steps :], strict=True)]
+        out.append(({"train_loss": loss, "lr": p.lr, **{f"train_acc_{j}": a for j, a in enumerate(accuracy)}},
+                    step_tokens))  # fmt: skip
+    return out
+
+
+def _due(run: _Setup, cfg: TrainConfig, done: int) -> bool:
+    """Whether a validation or checkpoint follows this step (the figures are read before it)."""
+    every = cfg.checkpoint_every or cfg.val_every
+    return bool(run.val_idx) and done % cfg.val_every == 0 or (run.ckpt_dir is not None and done % every == 0)
 
 
 def _validate_and_checkpoint(run: _Setup, cfg: TrainConfig, done: int) -> StepStats | None:

@@ -242,3 +242,40 @@ print("ok", port, os.environ["MASTER_PORT"])
     env["HOW"] = how
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0 and res.stdout.strip().splitlines()[-1].startswith("ok "), res.stderr[-2000:]
+
+
+def test_the_gpu_step_trains_what_the_cpu_step_trains_and_reads_its_figures_once_an_interval(dataset, monkeypatch):
+    """The GPU path (host-made plan, each TTT step scored as it comes, figures left on the device and read
+    every `log_every` steps), forced on here: the same loss curve, accuracies and weights as the reference
+    step, and every step's figures reach on_step, in order."""
+    import drafter.train as train_module
+
+    def run(fused: bool):
+        monkeypatch.setattr(train_module, "scored_as_it_comes", lambda device: fused)
+        model = scratch_drafter(cfg_for(dataset), dataset, list(range(len(dataset))), seed=0)
+        seen = []
+        result = train(model, dataset, TrainConfig(max_steps=12, log_every=5, **FAST),
+                       on_step=lambda s, m: seen.append(s), progress=False)  # fmt: skip
+        return result, seen
+
+    (ref, ref_steps), (new, new_steps) = run(False), run(True)
+    assert ref_steps == new_steps == list(range(1, 13))
+    for a, b in zip(ref.history, new.history, strict=True):
+        assert a.keys() == b.keys()
+        assert abs(a["train_loss"] - b["train_loss"]) <= 1e-4 * abs(a["train_loss"])
+        assert a["train_acc_0"] == pytest.approx(b["train_acc_0"], abs=1e-6)
+    assert ref.tokens == new.tokens
+    for (name, p), q in zip(ref.model.state_dict().items(), new.model.state_dict().values(), strict=True):
+        assert torch.allclose(p.float(), q.float(), atol=1e-4), name
+
+
+def test_a_nan_loss_on_the_gpu_path_names_the_step_that_made_it(dataset, monkeypatch):
+    import drafter.train as train_module
+
+    monkeypatch.setattr(train_module, "scored_as_it_comes", lambda device: True)
+    model = scratch_drafter(cfg_for(dataset), dataset, list(range(len(dataset))), seed=0)
+    with torch.no_grad():
+        model.fc.weight.fill_(float("nan"))
+    with pytest.raises(TrainingDiverged) as err:
+        train(model, dataset, TrainConfig(max_steps=6, log_every=4, **FAST), progress=False)
+    assert err.value.step == 1

@@ -84,7 +84,10 @@ def check(
 ) -> MemoryPlan:
     """The plan for one rank under the most demanding config; BadInput (exit 2, one line) when it
     cannot fit."""
+    import torch
+
     quiet_import_deepspeed()  # training imports it: its memory is part of the runtime planned
+    attention = "flex" if torch.cuda.is_available() else "blockwise"  # the path drafter/train.py takes there
     plans = [
         plan(
             cfg,
@@ -96,6 +99,7 @@ def check(
             ttt_length=train.ttt_length,
             ranks_here=ranks_sharing_memory(world),
             limit_bytes=None if limit_gib is None else int(limit_gib * GIB),
+            attention=attention,
         )  # fmt: skip
         for ds in configs
     ]
