@@ -86,6 +86,16 @@ class TrainResult:
     tokens: int
     seconds: float
     history: list[dict[str, float]]
+    warmup_seconds: float = 0.0  # the first logging interval's time beyond the steady step time (compiling)
+
+
+def warmup_seconds(intervals: list[tuple[int, float]]) -> float:
+    """What the first logging interval took beyond its steps at the later intervals' steady pace: on a GPU
+    the compilation (drafter/compiled.py), on a CPU little more than page-ins. 0 with a single interval."""
+    if len(intervals) < 2:
+        return 0.0
+    steps, seconds = sum(n for n, _ in intervals[1:]), sum(t for _, t in intervals[1:])
+    return max(0.0, intervals[0][1] - intervals[0][0] * seconds / max(steps, 1))
 
 
 def ensure_distributed() -> None:
@@ -323,7 +333,9 @@ def train(
     bar = tqdm(range(run.start_step, cfg.max_steps), initial=run.start_step, total=cfg.max_steps, desc="train",
                disable=not (progress and is_rank0()), unit="step")  # fmt: skip
     pending: list[_Pending] = []
+    intervals: list[tuple[int, float]] = []  # (steps, seconds) of each logging interval, validation left out
     every = cfg.log_every or (10 if run.engine.device.type == "cuda" else 1)
+    began = time.perf_counter()
     for step in bar:
         pending.append(_step(run, dataset, cfg, step))
         done = step + 1
@@ -334,15 +346,19 @@ def train(
                 if on_step is not None and is_rank0():
                     on_step(p.step, metrics)
             bar.set_postfix(loss=f"{history[-1]['train_loss']:.3f}", acc0=f"{history[-1]['train_acc_0']:.2f}")
+            intervals.append((len(pending), time.perf_counter() - began))
             pending = []
         validated = _validate_and_checkpoint(run, cfg, done)
+        if not pending:
+            began = time.perf_counter()
         if validated is not None:
             val_stats = validated
             if on_validate is not None and on_validate(done, validated) and done < cfg.max_steps:
                 raise TrainingStopped(done)
     bar.close()
     seconds = time.perf_counter() - t0
-    return TrainResult(_trained(run, model), val_stats, cfg.max_steps - run.start_step, tokens, seconds, history)
+    return TrainResult(_trained(run, model), val_stats, cfg.max_steps - run.start_step, tokens, seconds, history,
+                       warmup_seconds(intervals))  # fmt: skip
 
 
 def _setup(model: Eagle3Drafter, dataset: Any, cfg: TrainConfig, val_dataset: Any | None) -> _Setup:

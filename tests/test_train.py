@@ -279,3 +279,11 @@ def test_a_nan_loss_on_the_gpu_path_names_the_step_that_made_it(dataset, monkeyp
     with pytest.raises(TrainingDiverged) as err:
         train(model, dataset, TrainConfig(max_steps=6, log_every=4, **FAST), progress=False)
     assert err.value.step == 1
+
+
+def test_warmup_is_the_first_intervals_time_beyond_the_steady_pace():
+    from drafter.train import warmup_seconds
+
+    assert warmup_seconds([(10, 12.0), (10, 2.0), (10, 2.2)]) == pytest.approx(12.0 - 10 * 4.2 / 20)
+    assert warmup_seconds([(10, 2.0)]) == 0.0  # one interval: nothing to hold it to
+    assert warmup_seconds([(10, 1.0), (10, 2.0)]) == 0.0  # never negative

@@ -158,7 +158,14 @@ def run_trial(trial: Any, s: Study) -> float:
                 shutil.rmtree(ckpt, ignore_errors=True)
             raise
         if pruned_at is None and s.rank0:
-            mlflow.log_metrics({"tokens_per_s": result.tokens / max(result.seconds, 1e-9)})
+            steady = max(result.seconds - result.warmup_seconds, 1e-9)  # compiling is paid once, not per token
+            mlflow.log_metrics(
+                {
+                    "tokens_per_s": result.tokens / max(result.seconds, 1e-9),
+                    "steady_tokens_per_s": result.tokens / steady,
+                    "warmup_s": result.warmup_seconds,
+                }
+            )
             mlflow.set_tag("trial_state", "COMPLETE")
             out = s.checkpoints / f"{key}-export"
             save_drafter(result.model, out, include_embedding=False)
