@@ -36,6 +36,7 @@ class Exported:
     target: str  # the target as the engine is handed it
     k: int
     aux: dict  # drafter/aux_layers.mapping of what was handed
+    names: tuple[str, ...] = ()  # served names beside the target's (engines/endpoint.drafter_name)
 
 
 def served_target(target: str | Path, engine: str) -> str:
@@ -97,13 +98,58 @@ def server_argv(exported: Exported, settings: vllm.Settings, python: str = PYTHO
     if exported.engine == "sglang":
         return sglang.server_command(Path(python), Path(exported.target), port, s, exported.folder)  # type: ignore[arg-type]
     if exported.engine == "speculators":  # `vllm serve <folder>`: the folder names its verifier and depth
-        return vllm.server_command(Path(python), exported.folder, port, s, None)  # type: ignore[arg-type]
-    return vllm.server_command(Path(python), Path(exported.target), port, s, exported.folder)  # type: ignore[arg-type]
+        return vllm.server_command(Path(python), exported.folder, port, s, None, exported.names)  # type: ignore[arg-type]
+    return vllm.server_command(Path(python), Path(exported.target), port, s, exported.folder, exported.names)  # type: ignore[arg-type]
 
 
-def serve_script(exported: Exported, settings: vllm.Settings) -> str:
+def plain_argv(exported: Exported, settings: vllm.Settings, python: str = PYTHON, port: str = PORT) -> list[str]:
+    """The same server without speculation (the drafter neither loaded nor named)."""
+    s = replace(settings, k=exported.k)
+    if exported.engine == "sglang":
+        return sglang.server_command(Path(python), Path(exported.target), port, s, None)  # type: ignore[arg-type]
+    return vllm.server_command(Path(python), Path(exported.target), port, s, None)  # type: ignore[arg-type]
+
+
+ASK_LOCAL = """import sys
+try:
+    import mlflow
+    v = mlflow.MlflowClient().get_model_version_by_alias(*sys.argv[1:]).version
+except ImportError:
+    v = 'unknown'
+except Exception as e:
+    v = 'none' if 'not found' in str(e) else 'unknown'
+print(v)"""
+ASK_REST = "import json,sys; print(json.load(sys.stdin)['model_version']['version'])"
+
+
+def holder_check(name: str, alias: str, version: str) -> list[str]:
+    """serve.sh's lines that turn speculation off once `alias` no longer holds `version` (a watch or recertify
+    cleared it): the registry asked at each start, over MLflow's REST API or with mlflow in $PYTHON."""
+    url = f"${{MLFLOW_TRACKING_URI%/}}/api/2.0/mlflow/registered-models/alias?name={name}&alias={alias}"
+    body = "/tmp/drafterops-alias.$$"
+    return [
+        f"# Speculation only while {name}@{alias} holds v{version}: the registry is asked at each start (SPECULATE=",
+        "# yes or no overrides; a registry that cannot be asked leaves speculation on, and says so).",
+        "SPECULATE=${SPECULATE:-auto}",
+        'if [ "$SPECULATE" = auto ]; then',
+        '  case "${MLFLOW_TRACKING_URI:-}" in',
+        f'    http://*|https://*) code=$(curl -s -o {body} -w "%{{http_code}}" "{url}" || true)',
+        '      if [ "$code" = 200 ]; then',
+        f'        held=$("$PYTHON" -c "{ASK_REST}" < {body} 2>/dev/null || echo unknown)',
+        f'      elif grep -q "not found" {body} 2>/dev/null; then held=none; else held=unknown; fi',
+        f"      rm -f {body} ;;",
+        f'    *) held=$("$PYTHON" -c "{ASK_LOCAL}" {name} {alias} 2>/dev/null || echo unknown) ;;',
+        "  esac",
+        f'  if [ "$held" = unknown ]; then echo "serve.sh: could not ask the registry about {name}@{alias}" >&2; fi',
+        f'  if [ "$held" = {version} ] || [ "$held" = unknown ]; then SPECULATE=yes; else SPECULATE=no; fi',
+        "fi",
+    ]
+
+
+def serve_script(exported: Exported, settings: vllm.Settings, holder: tuple[str, str, str] | None = None) -> str:
     """serve.sh: the exact server command, with the environment evaluate gave it. The drafter is the
-    script's own folder; PORT, HOST, PYTHON and TARGET can be set from outside."""
+    script's own folder; PORT, HOST, PYTHON and TARGET can be set from outside. With `holder` (model, alias,
+    version), the plain server instead once the alias no longer holds the version."""
     argv = [HOST if a == "127.0.0.1" else a for a in server_argv(exported, settings)]
     variables = {str(exported.folder): "$DRAFTER", exported.target: "$TARGET"}
     words = [_word(a, variables) for a in argv]
@@ -129,6 +175,12 @@ def serve_script(exported: Exported, settings: vllm.Settings) -> str:
                 lines.append(f'export PYTHONPATH={shlex.quote(value)}"${{PYTHONPATH:+:$PYTHONPATH}}"')
             elif key != "VLLM_LOGGING_LEVEL":
                 lines.append(f"export {key}=${{{key}:-{shlex.quote(value)}}}")
+    if holder is not None:
+        plain = [_word(HOST if a == "127.0.0.1" else a, variables) for a in plain_argv(exported, settings)]
+        lines += holder_check(*holder)
+        said = f"serve.sh: {holder[0]}@{holder[1]} no longer holds v{holder[2]}: serving without speculation"
+        lines += ['if [ "$SPECULATE" = no ]; then', f'  echo "{said}" >&2']
+        lines += ["  exec " + " \\\n    ".join(_pairs(plain)), "fi"]
     lines.append("exec " + " \\\n    ".join(_pairs(words)))
     return "\n".join(lines) + "\n"
 

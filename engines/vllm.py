@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 import urllib.error
 import urllib.request
@@ -55,10 +54,12 @@ class Settings:
     baseline: bool = True  # False: the speculative server alone, checked and not timed against plain decoding
 
 
-def server_command(python: Path, model: Path, port: int, s: Settings, drafter: Path | None) -> list[str]:
+def server_command(python: Path, model: Path, port: int, s: Settings, drafter: Path | None,
+                   names: tuple[str, ...] = ()) -> list[str]:  # fmt: skip
+    """The server's command; `names` are served names beside SERVED_NAME (export's says which drafter runs)."""
     cmd = [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model), "--served-model-name", SERVED_NAME,
+        "--model", str(model), "--served-model-name", SERVED_NAME, *names,
         "--host", "127.0.0.1", "--port", str(port),
         "--dtype", s.dtype, "--max-model-len", str(s.max_model_len), "--seed", str(s.seed),
         "--enforce-eager", "--generation-config", "vllm",
@@ -145,25 +146,18 @@ def read_counters(base_url: str) -> tuple[dict[str, float], dict[int, float]]:
     return parse_counters(text)
 
 
-SAMPLE = re.compile(r"^(?P<name>[^{\s]+)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
-
-
 def parse_counters(text: str) -> tuple[dict[str, float], dict[int, float]]:
-    """Counter totals (`<name>_total` samples summed over label sets) and accepted tokens by position."""
-    totals: dict[str, float] = dict.fromkeys(COUNTERS, 0.0)
-    per_pos: dict[int, float] = {}
-    for line in text.splitlines():
-        m = SAMPLE.match(line)
-        if m is None or line.startswith("#") or not m["name"].endswith("_total"):
-            continue
-        base, value = m["name"].removesuffix("_total"), float(m["value"])
-        if base in totals:
-            totals[base] += value
-        elif base == PER_POS:
-            labels = dict(re.findall(r'(\w+)="([^"]*)"', m["labels"] or ""))
-            pos = int(labels.get("position", 0))
-            per_pos[pos] = per_pos.get(pos, 0.0) + value
-    return totals, per_pos
+    """Counter totals (summed over label sets) and accepted tokens by position (engines/exposition.py)."""
+    from engines import exposition
+
+    try:
+        read = exposition.parse(text)
+    except exposition.NotExposition:
+        read = None
+    if read is None or read.engine != "vllm":
+        return dict.fromkeys(COUNTERS, 0.0), {}
+    values = (read.drafts, read.draft_tokens, read.accepted)
+    return {name: float(v or 0.0) for name, v in zip(COUNTERS, values, strict=True)}, dict(enumerate(read.per_pos))
 
 
 def _settled_counters(base_url: str, before: dict[str, float], expect_change: bool):

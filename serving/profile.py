@@ -74,6 +74,8 @@ class Profile:
     # parameters one draft step reads (drafter.step_cost) of the drafter draft_step_ms was timed with: a
     # drafter whose step reads more is priced up by the ratio (serving.cost.priced_for); 0: not recorded
     draft_step_params: int = 0
+    # what the production watch does about a drop (registry/watch.Policy's fields): action, tolerance, ...
+    watch: dict = field(default_factory=dict, compare=False)
 
     @property
     def cycle_ms(self) -> float:
@@ -123,6 +125,7 @@ class Profile:
             "signed",
             "context_floors",
             "draft_step_params",
+            "watch",
         }
         out: dict[str, object] = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
         out["workload"] = [c.identity() for c in self.workload]
@@ -132,6 +135,8 @@ class Profile:
             out["context_floors"] = dict(self.context_floors)
         if self.draft_step_params:  # likewise: recorded, it is a value decisions depend on
             out["draft_step_params"] = self.draft_step_params
+        if self.watch:  # likewise: the watch's policy is a decision's terms
+            out["watch"] = dict(self.watch)
         if self.concurrency is not None:
             out["concurrency"] = self.concurrency
             out["cycle_points"] = [list(p) for p in self.cycle_points]
@@ -184,6 +189,7 @@ def load_profile(name_or_path: str, profile_dir: Path = PROFILE_DIR) -> Profile:
         "trusted_evaluators",
         "signed",
         "context_floors",
+        "watch",
     }
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -208,6 +214,7 @@ def load_profile(name_or_path: str, profile_dir: Path = PROFILE_DIR) -> Profile:
     values["measured"] = _measured(raw.get("measured"), values, path)
     values["target"] = _target(raw.get("target"), path)
     values["context_floors"] = _context_floors(raw.get("context_floors"), path)
+    values["watch"] = _watch(raw.get("watch"), path)
     for key in ("trusted_evaluators", "signed"):
         if not isinstance(raw.get(key) or {}, dict):
             raise BadInput(f"{path}: {key} must be a mapping")
@@ -215,6 +222,29 @@ def load_profile(name_or_path: str, profile_dir: Path = PROFILE_DIR) -> Profile:
     if values["operating_points"]:
         values["cycle_points"] = primary(values["operating_points"]).cycle_ms_measured
     return Profile(**values)
+
+
+WATCH_FIELDS = {"action": str, "tolerance": float, "false_alarm_intervals": float, "baseline_intervals": int,
+                "command": str, "webhook": str}  # fmt: skip
+
+
+def _watch(raw: object, path: Path) -> dict:
+    """The production watch's policy: a mapping of known fields of the right kinds (their ranges are checked
+    where the watch reads them, registry/watch.Policy)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise BadInput(f"{path}: watch must be a mapping of {', '.join(WATCH_FIELDS)}")
+    out = {}
+    for key, value in raw.items():
+        kind = WATCH_FIELDS.get(key)
+        if kind is None:
+            raise BadInput(f"{path}: watch: unknown field {key!r} (known: {', '.join(WATCH_FIELDS)})")
+        ok = isinstance(value, str) if kind is str else (isinstance(value, int | float) and not isinstance(value, bool))
+        if not ok or (kind is int and value != int(value)) or (kind is not str and not math.isfinite(value)):
+            raise BadInput(f"{path}: watch: {key} must be {'text' if kind is str else 'a number'}, not {value!r}")
+        out[key] = kind(value)
+    return out
 
 
 def _context_floors(raw: object, path: Path) -> tuple[tuple[str, float], ...]:

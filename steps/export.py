@@ -115,10 +115,15 @@ def write(engine: str, r: Request) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         exported = export.write(r.folder, staging, engine, r.k, r.target)
+        if engine == "vllm":  # a second served name says which drafter runs (the production watch reads it)
+            from engines.endpoint import drafter_name, export_digest
+
+            exported.names = (drafter_name(export_digest(staging)),)
         context = int(target_facts(r.target).config.text_config.get("max_position_embeddings", 4096))
         settings = Settings(k=r.k, max_new_tokens=1, max_model_len=context)
         exported.folder = out.resolve()  # serve.sh names the folder it ends up in
-        (staging / "serve.sh").write_text(export.serve_script(exported, settings))
+        holder = (r.mv.name, r.aliases[0], str(r.mv.version)) if r.aliases else None
+        (staging / "serve.sh").write_text(export.serve_script(exported, settings, holder))
         (staging / "serve.sh").chmod(0o755)
         (staging / "EXPORT.md").write_text(describe(r.mv, r.aliases, r.evidence_run, exported, r.target))
         if out.exists():

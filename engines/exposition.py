@@ -1,0 +1,130 @@
+"""What a serving engine's /metrics says about speculation, read from Prometheus' exposition format.
+
+Both engines the project serves on export cumulative counters: vLLM `vllm:spec_decode_num_drafts`,
+`..._num_draft_tokens`, `..._num_accepted_tokens` and `..._num_accepted_tokens_per_pos{position}`, and
+`vllm:num_requests_running` for the load; SGLang the same counters under `sglang:` in its newer releases,
+and in older ones only `sglang:spec_accept_length`, the mean tokens per verify cycle since the server
+started, beside the `sglang:generation_tokens_total` counter (generated tokens / that mean = verify
+cycles, so differences between two reads still give an interval's figure). The text is parsed by
+prometheus_client's own parser; samples are summed over their labels (engines, data-parallel ranks) and
+the model names they carry are kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from serving.drift import Counts
+
+ENGINES = ("vllm", "sglang")
+DRAFTS, DRAFT_TOKENS = "spec_decode_num_drafts", "spec_decode_num_draft_tokens"
+ACCEPTED = "spec_decode_num_accepted_tokens"
+PER_POS = "spec_decode_num_accepted_tokens_per_pos"
+RUNNING = {"vllm": "num_requests_running", "sglang": "num_running_reqs"}
+MEAN_ACCEPT_LEN, GENERATED = "spec_accept_length", "generation_tokens"
+
+
+class NotExposition(ValueError):
+    """The text is not Prometheus' exposition format, or names no engine the project reads."""
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One read of an engine's counters (cumulative since the server started) and its load."""
+
+    engine: str  # vllm or sglang
+    drafts: float | None  # verify cycles that carried drafts
+    draft_tokens: float | None
+    accepted: float | None  # accepted draft tokens
+    per_pos: tuple[float, ...]  # accepted draft tokens at each draft position
+    running: float | None  # requests in flight (a gauge)
+    models: tuple[str, ...]  # the model_name labels the samples carry
+    generated: float | None = None  # SGLang without counters: generated tokens ...
+    mean_accept_len: float | None = None  # ... and the mean tokens per verify cycle since start
+
+    @property
+    def cycles(self) -> float | None:
+        """Verify cycles so far: the drafts counter, or (older SGLang) generated tokens / mean accept_len."""
+        if self.drafts is not None:
+            return self.drafts
+        if self.generated is not None and self.mean_accept_len:
+            return self.generated / self.mean_accept_len
+        return None
+
+    def missing(self) -> list[str]:
+        """What a watch needs and this read lacks."""
+        out = []
+        if self.cycles is None:
+            out.append(f"{self.engine}:{DRAFTS}")
+        if self.drafts is not None and self.accepted is None and not self.per_pos:
+            out.append(f"{self.engine}:{ACCEPTED}")
+        if self.running is None:
+            out.append(f"{self.engine}:{RUNNING[self.engine]}")
+        return out
+
+
+def parse(text: str) -> Scrape:
+    """The speculative counters and the load in an exposition text; NotExposition when it is not one."""
+    try:
+        families = list(text_string_to_metric_families(text))
+    except (ValueError, TypeError, IndexError) as exc:
+        raise NotExposition(f"not Prometheus' exposition format ({str(exc)[:80]})") from None
+    totals: dict[str, float] = {}
+    per_pos: dict[int, float] = {}
+    models: set[str] = set()
+    engine = None
+    for family in families:
+        prefix, _, base = family.name.partition(":")
+        if prefix not in ENGINES or not base:
+            continue
+        if family.type == "unknown":  # a counter written without its TYPE line keeps its _total suffix
+            base = base.removesuffix("_total")
+        engine = engine or prefix
+        if prefix != engine:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith(("_created", "_bucket", "_sum", "_count")) and family.type != "gauge":
+                continue
+            models.update(v for k, v in sample.labels.items() if k == "model_name")
+            if base == PER_POS:
+                pos = int(sample.labels.get("position", 0))
+                per_pos[pos] = per_pos.get(pos, 0.0) + float(sample.value)
+            else:
+                totals[base] = totals.get(base, 0.0) + float(sample.value)
+    if engine is None:
+        raise NotExposition("no vllm: or sglang: metrics: not a serving engine's metrics endpoint")
+    positions = tuple(per_pos[i] for i in range(len(per_pos))) if set(per_pos) == set(range(len(per_pos))) else ()
+    accepted = totals.get(ACCEPTED, sum(positions) if positions else None)
+    return Scrape(
+        engine=engine,
+        drafts=totals.get(DRAFTS),
+        draft_tokens=totals.get(DRAFT_TOKENS),
+        accepted=accepted,
+        per_pos=positions,
+        running=totals.get(RUNNING[engine]),
+        models=tuple(sorted(models)),
+        generated=totals.get(GENERATED),
+        mean_accept_len=totals.get(MEAN_ACCEPT_LEN),
+    )
+
+
+def interval_counts(before: Scrape, now: Scrape, depth: int) -> Counts | None:
+    """The counts between two reads of one server (serving/drift.Counts); None when a counter went back
+    (the server restarted and its counters began again: no interval to speak of)."""
+    pairs = [(before.cycles, now.cycles), (before.accepted, now.accepted)]
+    pairs += list(zip(before.per_pos, now.per_pos, strict=False))
+    if any(a is not None and b is not None and b < a for a, b in pairs) or len(now.per_pos) < len(before.per_pos):
+        return None
+    if before.cycles is None or now.cycles is None:
+        return None
+    per_pos = tuple(b - a for a, b in zip(before.per_pos, now.per_pos, strict=False))
+    if len(now.per_pos) > len(before.per_pos):  # a position first counted in this interval
+        per_pos = tuple(now.per_pos[i] - (before.per_pos[i] if i < len(before.per_pos) else 0.0)
+                        for i in range(len(now.per_pos)))  # fmt: skip
+    accepted = None if before.accepted is None or now.accepted is None else now.accepted - before.accepted
+    if before.drafts is None:  # SGLang's mean: tokens generated minus one per verify cycle were accepted drafts
+        gained = (now.generated or 0.0) - (before.generated or 0.0)
+        accepted = gained - (now.cycles - before.cycles)
+    return Counts(drafts=now.cycles - before.cycles, per_pos=per_pos, accepted=accepted, depth=depth)

@@ -1,0 +1,241 @@
+"""The production watch against an engine metrics endpoint of the tests' own (tests/helpers/engine_metrics.py,
+vLLM's counters in the exposition format): a baseline learnt and signed, quiet through restarts, gaps,
+another model and a missing metric; a drop warned about, then demoted by the profile's policy; a
+restarted watch reading its signed baseline back; bad input refused in one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from tests.helpers.engine_metrics import EngineMetrics, Script
+from tests.helpers.promotion import evaluate, register_gated, write_profiles
+from tests.helpers.steps import run_step
+
+NAME = "k25-tiny-eagle3"
+POINTS = """operating_points:
+- concurrency: 1
+  share: 0.5
+  plain_tps: 10
+  verify_ms: 30
+  draft_step_ms: 0
+- concurrency: 8
+  share: 0.5
+  plain_tps: 8
+  verify_ms: 40
+  draft_step_ms: 0
+"""
+
+
+@pytest.fixture(scope="module")
+def promoted(tiny_targets, tmp_path_factory):
+    """v1 of the tiny drafter holds production (promoted on the lenient profile); `watch.yaml` is that
+    deployment calibrated at two loads; the name its export serves under."""
+    tmp = tmp_path_factory.mktemp("watch")
+    _, wrapped = tiny_targets
+    write_profiles(tmp, wrapped)
+    register_gated(tmp, wrapped, (1,))
+    evaluate(tmp, f"models:/{NAME}/1", wrapped, tmp / "lenient.yaml")
+    res = run_step("promote", ["--model", f"models:/{NAME}/1", "--profile", str(tmp / "lenient.yaml")], tmp)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    (tmp / "watch.yaml").write_text((tmp / "lenient.yaml").read_text().replace("name: lenient", "name: watched")
+                                    + POINTS)  # fmt: skip
+    res = run_step("export", ["--model", f"models:/{NAME}@production", "--engine", "vllm", "--out",
+                              str(tmp / "export"), "--target", str(wrapped)], tmp)  # fmt: skip
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    served = [a for a in (tmp / "export" / "serve.sh").read_text().split() if a.startswith("drafterops-")]
+    assert len(served) == 1, (tmp / "export" / "serve.sh").read_text()
+    return tmp, served[0]
+
+
+def _store(promoted, tmp_path: Path, policy: str = "") -> Path:
+    """A copy of the promoted store to act on, and the watch profile with `policy` added."""
+    src, _ = promoted
+    shutil.copy(src / "mlflow.db", tmp_path / "mlflow.db")
+    for name in ("many.jsonl", "lenient.yaml"):
+        shutil.copy(src / name, tmp_path / name)
+    (tmp_path / "watch.yaml").write_text((src / "watch.yaml").read_text() + policy)
+    return tmp_path
+
+
+def _watch(tmp: Path, url: str, intervals: int, *extra: str):
+    args = ["--model", NAME, "--endpoints", url, "--profile", str(tmp / "watch.yaml"), "--interval", "0.02",
+            "--max_intervals", str(intervals), "--recertify", "no", *extra]  # fmt: skip
+    return run_step("watch", args, tmp)
+
+
+def _audit(tmp: Path) -> list:
+    c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    exp = c.get_experiment_by_name("drafterops-audit").experiment_id
+    return c.search_runs([exp], filter_string="tags.decision LIKE 'watch:%'", order_by=["attributes.start_time"])
+
+
+def _engine(promoted, **script) -> EngineMetrics:
+    _, served = promoted
+    return EngineMetrics(Script(served=("target", served), acceptance=(0.8, 0.6), **script))
+
+
+def test_a_baseline_is_learnt_signed_and_quiet_through_a_restart_and_a_gap(promoted, tmp_path):
+    tmp = _store(promoted, tmp_path)
+    engine = _engine(promoted, restart_at=(14,), down=(18,))
+    try:
+        res = _watch(tmp, engine.url, 30)
+    finally:
+        engine.close()
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "watch: baseline accept_len" in res.stdout and "0 drop(s) detected" in res.stdout, res.stdout
+    lines = {r.data.tags["decision"]: r for r in _audit(tmp)}
+    assert "watch:production:baseline" in lines and "watch:production:warn" not in lines
+    reasons = " ".join(r.data.tags["reason"] for r in _audit(tmp))
+    assert "counters went back" in reasons and "gave no reading" in reasons
+    c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    record = json.loads(Path(c.download_artifacts(lines["watch:production:baseline"].info.run_id,
+                                                  "watch_baseline.json", str(tmp))).read_text())  # fmt: skip
+    from registry.signing import verify
+    from registry.trust import load_trust
+
+    assert verify(record, "promoter", load_trust()) is None
+    assert record["baseline"]["acceptance"] == pytest.approx([0.8, 0.6], abs=0.01)
+    run = c.search_runs([c.get_experiment_by_name("drafterops").experiment_id],
+                        filter_string="tags.`drafterops.step` = 'watch'")[0]  # fmt: skip
+    assert len(c.get_metric_history(run.info.run_id, "accept_len")) >= 20
+    assert {a.path for a in c.list_artifacts(run.info.run_id)} >= {"watch.png"}
+    assert str(c.get_model_version_by_alias(NAME, "production").version) == "1"
+
+
+def test_a_drop_is_warned_about_then_demoted_by_the_profiles_policy(promoted, tmp_path):
+    tmp = _store(promoted, tmp_path, "watch:\n  action: demote\n")
+    engine = _engine(promoted, drop_at=16, drop=0.3)
+    try:
+        res = _watch(tmp, engine.url, 40)
+    finally:
+        engine.close()
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "watch: warn:" in res.stdout and "watch: demote:" in res.stdout and "demoted" in res.stdout
+    decisions = [r.data.tags["decision"] for r in _audit(tmp)]
+    assert decisions.index("watch:production:warn") < decisions.index("watch:production:demote")
+    c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    assert "production" not in c.get_registered_model(NAME).aliases
+    from registry.sanction import holder
+
+    assert holder(c, NAME, "production").version is None  # a signed clearing: the guard keeps it so
+    # serve.sh (export's) asks the registry at start: speculation on while v1 held production, off now
+    before, after = _serve(promoted[0], promoted[0]), _serve(promoted[0], tmp)
+    assert "--speculative-config" in before.stdout and "no longer holds" not in before.stderr
+    assert "--speculative-config" not in after.stdout and promoted[1] not in after.stdout
+    assert "k25-tiny-eagle3@production no longer holds v1: serving without speculation" in after.stderr
+
+
+def _serve(export_store: Path, store: Path):
+    """export's serve.sh with an interpreter that answers the registry question for real and prints the
+    server command it would start instead of starting it."""
+    import os
+    import subprocess
+    import sys
+
+    fake = store / "fake-python"
+    fake.write_text(f'#!/usr/bin/env bash\nif [ "$1" = -c ]; then exec {sys.executable} "$@"; fi\necho SERVER "$@"\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake), "MLFLOW_TRACKING_URI": f"sqlite:///{store}/mlflow.db"}
+    res = subprocess.run(["bash", str(export_store / "export" / "serve.sh")], env=env, capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return res
+
+
+@pytest.mark.parametrize("fault", ["other_at", "missing_at"])
+def test_another_model_or_a_missing_metric_is_a_finding_never_an_alarm(promoted, tmp_path, fault):
+    """The counts drop exactly when the endpoint stops serving production's drafter (or stops counting by
+    position): the watch says so and acts on none of it."""
+    tmp = _store(promoted, tmp_path, "watch:\n  action: demote\n")
+    engine = _engine(promoted, drop_at=16, drop=0.3, **{fault: 16})
+    try:
+        res = _watch(tmp, engine.url, 24)
+    finally:
+        engine.close()
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "0 drop(s) detected" in res.stdout
+    said = " ".join(r.data.tags["reason"] for r in _audit(tmp))
+    assert ("serves some-other-model" if fault == "other_at" else "reports no") in said, said
+    c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    assert str(c.get_model_version_by_alias(NAME, "production").version) == "1"
+
+
+def test_a_restarted_watch_keeps_its_signed_baseline_and_ignores_a_planted_one(promoted, tmp_path):
+    tmp = _store(promoted, tmp_path)
+    engine = _engine(promoted)
+    try:
+        first = _watch(tmp, engine.url, 12)
+        c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+        planted = c.create_run(c.get_experiment_by_name("drafterops-audit").experiment_id)
+        c.log_param(planted.info.run_id, "drafterops.watch_baseline", f"{NAME}@production@1")
+        junk = {"kind": "watch-baseline", "baseline": {"acceptance": [0.99, 0.99]}}
+        c.log_text(planted.info.run_id, json.dumps(junk), "watch_baseline.json")
+        again = _watch(tmp, engine.url, 5, "--policy", "demote")
+    finally:
+        engine.close()
+    assert first.returncode == 0 and "watch: baseline accept_len" in first.stdout, first.stdout + first.stderr
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "watch: baseline accept_len" not in again.stdout  # not learnt again: read back
+    assert f"baseline run {planted.info.run_id}: unsigned; ignored" in again.stdout
+
+
+def test_an_engine_version_that_changed_is_a_finding_and_recertify_runs(promoted, tmp_path):
+    tmp = _store(promoted, tmp_path)
+    engine = _engine(promoted, version_at=6)
+    try:
+        args = ["--model", NAME, "--endpoints", engine.url, "--profile", str(tmp / "watch.yaml"), "--interval", "0.02",
+                "--max_intervals", "8"]  # fmt: skip
+        res = run_step("watch", args, tmp)
+    finally:
+        engine.close()
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "engine 0.32.0 then, 0.33.0 now; recertify runs" in res.stdout
+    c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    runs = c.search_runs([c.get_experiment_by_name("drafterops").experiment_id],
+                         filter_string="tags.`drafterops.step` = 'recertify'")  # fmt: skip
+    assert runs, "recertify did not run"
+
+
+def test_bad_input_is_one_line_and_exit_2(promoted, tmp_path):
+    import http.server
+    import threading
+
+    tmp = _store(promoted, tmp_path)
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a) -> None:  # noqa: ANN002
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802
+            body = b"<html><body>not an engine</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    page = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=page.serve_forever, daemon=True).start()
+    engine = _engine(promoted)
+    cases = {
+        "not a serving engine's metrics endpoint": ["--endpoints", f"http://127.0.0.1:{page.server_address[1]}"],
+        "no calibration by load": ["--endpoints", engine.url, "--profile", str(tmp / "lenient.yaml")],
+        "does not answer": ["--endpoints", "http://127.0.0.1:9"],
+        "http(s) base URLs": ["--endpoints", "ftp://example"],
+        "no sanctioned version holds staging": ["--endpoints", engine.url, "--alias", "staging"],
+        "policy action must be one of": ["--endpoints", engine.url, "--policy", "promote"],
+    }
+    try:
+        for said, args in cases.items():
+            full = ["--model", NAME, "--profile", str(tmp / "watch.yaml"), "--max_intervals", "1", *args]
+            res = run_step("watch", full, tmp)
+            assert res.returncode == 2, (said, res.stdout[-1000:], res.stderr[-1000:])
+            assert said in res.stderr and len(res.stderr.strip().splitlines()) == 1, (said, res.stderr)
+    finally:
+        engine.close()
+        page.shutdown()
+    assert not _audit(tmp)  # nothing written
