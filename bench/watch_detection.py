@@ -1,13 +1,14 @@
 """How fast the production watch detects a drop, and how often it cries wolf, on replayed served traffic.
 
-The traffic: the mini world's public drafter (`aq-mini-eagle3`, what its production starts from) decoding the pinned workload's prompts on
-k2.5-mini at depth 3 through the in-process engine (the reference vLLM's served figures are held to: the
-same greedy tokens, the same counts), each verify cycle's accepted drafts kept. An interval replays whole
-prompts, drawn with replacement, until it holds a given number of verify cycles, and turns them into the
-counters an engine exports (drafts, accepted at each position): a stationary stream with the prompts'
-own correlation. A drop of x is injected from a chosen interval on by thinning: each accepted draft
-survives with probability 1 - x, the chain cut at the first that does not (conditional acceptance at every
-position times 1 - x), drawn exactly with hypergeometric and binomial draws.
+The traffic: the mini world's public drafter (`aq-mini-eagle3`, where its production starts) decoding the
+pinned workload's prompts on k2.5-mini at depth 3 through the in-process engine (the reference vLLM's
+served figures are held to: the same greedy tokens, the same counts), each verify cycle's accepted drafts
+kept. An interval replays whole prompts, drawn with replacement, until it holds a given number of verify
+cycles, and turns them into the counters an engine exports (drafts, accepted at each position): a
+stationary stream with the prompts' own correlation. A drop of x is injected from a chosen interval on by
+thinning: each accepted draft survives with probability 1 - x, the chain cut at the first that does not
+(conditional acceptance at every position times 1 - x), drawn exactly with hypergeometric and binomial
+draws.
 
 The watch's own code decides (serving/drift.py: the baseline window, the CUSUMs, the threshold for one
 false alarm per 10^6 intervals): per drop size (2%, 5%, 10%) the detection delay in intervals and in verify
