@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "bench" / "results" / "watch_trace.json"
 K = 3
 TOLERANCE, FALSE_ALARM_INTERVALS = 0.02, 1e6
+CAP = 5000  # intervals a drop is watched for at most
 
 
 def record_trace(limit: int) -> dict:
@@ -61,62 +62,67 @@ def prompt_table(trace: dict) -> tuple[np.ndarray, np.ndarray]:
     return cycles, reach
 
 
-def interval(rng: np.random.Generator, cycles: np.ndarray, reach: np.ndarray, n: int, drop: float) -> drift.Counts:
-    """One interval of at least `n` verify cycles, whole prompts drawn with replacement, thinned by `drop`."""
-    picked, total = [], 0
-    while total < n:
-        batch = rng.integers(0, len(cycles), size=64)
-        for i in batch:
-            picked.append(i)
-            total += int(cycles[i])
-            if total >= n:
-                break
-    drafts = int(cycles[picked].sum())
-    reached = reach[picked].sum(axis=0)  # cycles whose original chain reached past position i
+def stream(rng: np.random.Generator, cycles: np.ndarray, reach: np.ndarray, n: int, count: int, drop: float):
+    """`count` intervals of about `n` verify cycles each (whole prompts drawn with replacement, each interval
+    closed by the prompt that reaches n), thinned by `drop`: [(drafts, accepted per position)]."""
+    mean = float(cycles.mean())
+    draws = rng.integers(0, len(cycles), size=int(count * n / mean * 1.3) + 64)
+    ends = np.cumsum(cycles[draws])
+    which = (ends - cycles[draws]) // n  # the interval a prompt starts in
+    keep = which < count
+    which, draws = which[keep], draws[keep]
+    drafts = np.bincount(which, weights=cycles[draws], minlength=count)
+    reached = np.stack([np.bincount(which, weights=reach[draws, i], minlength=count) for i in range(K)], axis=1)
+    drafts, reached = drafts.astype(np.int64), reached.astype(np.int64)
     if drop <= 0:
-        return drift.Counts(float(drafts), tuple(float(x) for x in reached), depth=K)
-    accepted, survivors, pool = [], 0, drafts
-    for i in range(K):
-        # of the survivors so far (pool of them), how many originally accepted position i; each survives 1 - drop
-        eligible = int(reached[i]) if i == 0 else int(rng.hypergeometric(int(reached[i]), pool - int(reached[i]),
-                                                                          survivors))  # fmt: skip
-        survivors = int(rng.binomial(eligible, 1 - drop))
-        pool = int(reached[i])
-        accepted.append(float(survivors))
-    return drift.Counts(float(drafts), tuple(accepted), depth=K)
+        return drafts, reached.astype(float)
+    accepted = np.zeros_like(reached, dtype=float)
+    survivors = np.zeros(count, dtype=np.int64)
+    for i in range(K):  # of position i - 1's survivors, those whose chain reached i, each surviving 1 - drop
+        if i == 0:
+            eligible = reached[:, 0]
+        else:
+            eligible = rng.hypergeometric(reached[:, i], reached[:, i - 1] - reached[:, i], survivors)
+        survivors = rng.binomial(eligible, 1 - drop)
+        accepted[:, i] = survivors
+    return drafts, accepted
+
+
+def counts(drafts, accepted, t: int) -> drift.Counts:
+    return drift.Counts(float(drafts[t]), tuple(float(x) for x in accepted[t]), depth=K)
 
 
 def settle(rng, cycles, reach, n) -> tuple[drift.Baseline, int]:
     window = drift.BaselineWindow(TOLERANCE)
-    for count in range(1, 100000):
-        ready = window.add(interval(rng, cycles, reach, n, 0.0))
-        if ready:
-            return ready, count
-    raise RuntimeError("no baseline")
+    while True:
+        d, a = stream(rng, cycles, reach, n, 1000, 0.0)
+        for t in range(len(d)):
+            ready = window.add(counts(d, a, t))
+            if ready:
+                return ready, window.intervals
+        if window.intervals > 200_000:
+            raise RuntimeError("no baseline in 200000 intervals")
 
 
-def delays(cycles, reach, n: int, drop: float, replays: int, seed: int) -> list[int | None]:
+def delays(cycles, reach, n: int, drop: float, replays: int, seed: int, baseline: drift.Baseline):
+    """Intervals from the drop's start to its detection, per replay (None: not within the cap)."""
     out = []
     for r in range(replays):
         rng = np.random.default_rng(seed + r)
-        baseline, _ = settle(rng, cycles, reach, n)
         monitor = drift.DropMonitor(baseline, TOLERANCE, FALSE_ALARM_INTERVALS)
-        for _ in range(20):  # the drop comes some intervals after the baseline
-            monitor.update(interval(rng, cycles, reach, n, 0.0))
-        hit = None
-        for t in range(1, 5001):
-            if monitor.update(interval(rng, cycles, reach, n, drop)):
-                hit = t
-                break
-        out.append(hit)
+        d, a = stream(rng, cycles, reach, n, 20, 0.0)
+        for t in range(20):  # the drop comes some intervals after the baseline
+            monitor.update(counts(d, a, t))
+        d, a = stream(rng, cycles, reach, n, CAP, drop)
+        out.append(next((t + 1 for t in range(CAP) if monitor.update(counts(d, a, t))), None))
     return out
 
 
-def false_alarms(cycles, reach, n: int, intervals: int, seed: int) -> tuple[int, int]:
+def false_alarms(cycles, reach, n: int, intervals: int, seed: int, baseline: drift.Baseline) -> tuple[int, int]:
     rng = np.random.default_rng(seed)
-    baseline, _ = settle(rng, cycles, reach, n)
     monitor = drift.DropMonitor(baseline, TOLERANCE, FALSE_ALARM_INTERVALS)
-    alarms = sum(1 for _ in range(intervals) if monitor.update(interval(rng, cycles, reach, n, 0.0)))
+    d, a = stream(rng, cycles, reach, n, intervals, 0.0)
+    alarms = sum(1 for t in range(intervals) if monitor.update(counts(d, a, t)))
     return alarms, int(monitor.cycles)
 
 
@@ -135,23 +141,24 @@ def main() -> None:
     rows = []
     t0 = time.perf_counter()
     for n in (int(x) for x in args.cycles.split(",")):
-        rng = np.random.default_rng(7)
-        _, settle_intervals = settle(rng, cycles, reach, n)
+        baseline, settle_intervals = settle(np.random.default_rng(7), cycles, reach, n)
         for drop in (0.02, 0.05, 0.10):
-            found = delays(cycles, reach, n, drop, args.replays, seed=1000 * n + int(drop * 100))
+            found = delays(cycles, reach, n, drop, args.replays, 1000 * n + int(drop * 100), baseline)
             hit = sorted(d for d in found if d is not None)
             rows.append({
                 "cycles per interval": n, "drop": f"{drop:.0%}", "detected": f"{len(hit)}/{len(found)}",
                 "median delay (intervals)": statistics.median(hit) if hit else "-",
                 "95th percentile (intervals)": hit[min(len(hit) - 1, int(0.95 * len(hit)))] if hit else "-",
                 "median delay (verify cycles)": int(statistics.median(hit) * n) if hit else "-",
-                "baseline after (intervals)": settle_intervals, "false alarms": "",
+                "baseline after (intervals)": settle_intervals,
+                "overdispersion": ", ".join(f"{x:.1f}" for x in baseline.dispersion), "false alarms": "",
             })  # fmt: skip
-        alarms, watched = false_alarms(cycles, reach, n, args.quiet, seed=n)
+        alarms, watched = false_alarms(cycles, reach, n, args.quiet, n, baseline)
         rows.append({
             "cycles per interval": n, "drop": "none", "detected": "", "median delay (intervals)": "",
             "95th percentile (intervals)": "", "median delay (verify cycles)": "",
             "baseline after (intervals)": settle_intervals,
+            "overdispersion": ", ".join(f"{x:.1f}" for x in baseline.dispersion),
             "false alarms": f"{alarms} in {args.quiet} intervals ({watched} verify cycles)",
         })  # fmt: skip
     notes = (
@@ -159,8 +166,9 @@ def main() -> None:
         f"({int(cycles.sum())} verify cycles, accept_len {trace['accept_len']:.3f}; conditional acceptance by "
         f"position {', '.join(f'{x:.3f}' for x in p)}). Test: serving/drift.py, tolerance {TOLERANCE:.0%}, one false "
         f"alarm per {FALSE_ALARM_INTERVALS:.0e} intervals stated (threshold "
-        f"{drift.threshold(FALSE_ALARM_INTERVALS, K + 1):.2f}); the drop starts 20 intervals after the baseline; "
-        f"{args.replays} replays per drop; {time.perf_counter() - t0:.0f} s."
+        f"{drift.threshold(FALSE_ALARM_INTERVALS, K + 1):.2f}); the drop starts 20 intervals after the baseline, "
+        f"watched {CAP} intervals at most; one baseline per traffic rate; {args.replays} replays per drop; "
+        f"{time.perf_counter() - t0:.0f} s."
     )
     print(write_results("watch_detection", rows, notes).read_text())
 
