@@ -37,7 +37,7 @@ class Policy:
     action: str = "warn"
     tolerance: float = 0.02  # the relative drop to detect (vLLM's own acceptance test holds 2%)
     false_alarm_intervals: float = 1e6  # at most one false alarm in this many intervals (per the whole watch)
-    baseline_intervals: int = 5  # intervals pooled into the baseline at least
+    baseline_intervals: int = 20  # intervals pooled into the baseline at least (its overdispersion needs them)
     command: str = ""  # run (no shell) on every action, with DRAFTEROPS_WATCH_* in its environment
     webhook: str = ""  # POSTed a JSON line on every action
 
@@ -48,8 +48,8 @@ class Policy:
             raise BadInput(f"{where}: tolerance must be between 0 and 0.5 (relative), not {self.tolerance!r}")
         if not self.false_alarm_intervals >= 100:
             raise BadInput(f"{where}: false_alarm_intervals must be at least 100, not {self.false_alarm_intervals!r}")
-        if self.baseline_intervals < 1:
-            raise BadInput(f"{where}: baseline_intervals must be at least 1")
+        if self.baseline_intervals < 5:
+            raise BadInput(f"{where}: baseline_intervals must be at least 5 (the traffic's spread is measured on them)")
         if self.webhook and not self.webhook.startswith(("http://", "https://")):
             raise BadInput(f"{where}: webhook must be an http(s) URL, not {self.webhook!r}")
         return self

@@ -83,7 +83,7 @@ def test_a_baseline_is_learnt_signed_and_quiet_through_a_restart_and_a_gap(promo
     tmp = _store(promoted, tmp_path)
     engine = _engine(promoted, restart_at=(14,), down=(18,))
     try:
-        res = _watch(tmp, engine.url, 30)
+        res = _watch(tmp, engine.url, 36)
     finally:
         engine.close()
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -109,9 +109,9 @@ def test_a_baseline_is_learnt_signed_and_quiet_through_a_restart_and_a_gap(promo
 
 def test_a_drop_is_warned_about_then_demoted_by_the_profiles_policy(promoted, tmp_path):
     tmp = _store(promoted, tmp_path, "watch:\n  action: demote\n")
-    engine = _engine(promoted, drop_at=16, drop=0.3)
+    engine = _engine(promoted, drop_at=28, drop=0.3)
     try:
-        res = _watch(tmp, engine.url, 40)
+        res = _watch(tmp, engine.url, 45)
     finally:
         engine.close()
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
@@ -152,9 +152,9 @@ def test_another_model_or_a_missing_metric_is_a_finding_never_an_alarm(promoted,
     """The counts drop exactly when the endpoint stops serving production's drafter (or stops counting by
     position): the watch says so and acts on none of it."""
     tmp = _store(promoted, tmp_path, "watch:\n  action: demote\n")
-    engine = _engine(promoted, drop_at=16, drop=0.3, **{fault: 16})
+    engine = _engine(promoted, drop_at=28, drop=0.3, **{fault: 28})
     try:
-        res = _watch(tmp, engine.url, 24)
+        res = _watch(tmp, engine.url, 36)
     finally:
         engine.close()
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -169,7 +169,7 @@ def test_a_restarted_watch_keeps_its_signed_baseline_and_ignores_a_planted_one(p
     tmp = _store(promoted, tmp_path)
     engine = _engine(promoted)
     try:
-        first = _watch(tmp, engine.url, 12)
+        first = _watch(tmp, engine.url, 24)
         c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
         planted = c.create_run(c.get_experiment_by_name("drafterops-audit").experiment_id)
         c.log_param(planted.info.run_id, "drafterops.watch_baseline", f"{NAME}@production@1")
