@@ -12,7 +12,6 @@ a pinned set it was trained on.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
@@ -59,32 +58,11 @@ def _refused(res, why: str) -> None:
 
 
 def _forge(tmp: Path, version: str, target: Path, sign_with=None, per_prompt=None, sign: bool = True) -> str:
-    """A run made by hand with the genuine tags and a record written offline: every identity in it
-    (profile digest, pinned prompts, drafter files, target digest) is computable by anyone."""
-    from drafter.fingerprint import target_digest
-    from registry import signing, store
-    from registry.evidence import DIGEST_PARAM, EVIDENCE_FILE, TAG, ClassCounts, EvidenceRecord, pinned_keys
-    from serving.profile import load_profile
+    """A run made by hand with the genuine tags and a record written offline (tests/helpers/evidence.py)."""
+    from tests.helpers.evidence import forge_record
 
-    profile = load_profile(str(tmp / "lenient.yaml"))
-    c = _client(tmp)
-    folder = Path(c.get_model_version_download_uri(NAME, version).removeprefix("file://"))
-    keys = pinned_keys(profile)["all"]
-    rec = EvidenceRecord(
-        NAME, version, store.drafter_files(folder), store.weights_sha256(store.file_hashes(folder)),
-        profile.name, profile.digest, profile.values(), 2, str(target), target_digest(target), 0.0, 8,
-        "in-process", "forged", [ClassCounts("all", 1.0, profile.workload[0].sha256, keys,
-                                             per_prompt or [(3, 1)] * len(keys))],
-    )  # fmt: skip
-    payload = rec.payload()
-    if sign:
-        payload = signing.sign(payload, sign_with)
-    run = c.create_run(c.get_experiment_by_name("Default").experiment_id, tags=rec.run_tags())
-    c.log_param(run.info.run_id, TAG, f"{NAME}/{version}")  # the param evidence is found by, as evaluate logs it
-    c.log_text(run.info.run_id, json.dumps(payload), EVIDENCE_FILE)
-    c.log_param(run.info.run_id, DIGEST_PARAM, hashlib.sha256(json.dumps(payload).encode()).hexdigest())
-    c.set_terminated(run.info.run_id, "FINISHED")
-    return run.info.run_id
+    return forge_record(_client(tmp), NAME, version, tmp / "lenient.yaml", (lambda _c, _k: per_prompt) if per_prompt
+                        else None, sign=sign, key=sign_with)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -268,8 +268,9 @@ def test_reconcile_restores_every_kind_of_move_on_a_store_without_a_guard(promot
 
 def test_the_chain_holds_against_a_flood_an_edited_tag_an_overwrite_and_deletions(promoted):
     """The holder is the head of the signed chain: 520 junk audit runs claiming sanctions and a tag edited on
-    the newest sanction move nothing; a hand-deleted alias does not make promote forget production; an
-    overwritten sanction leaves production where it is and is audited; a deleted holder is audited once."""
+    the newest sanction move nothing; a hand-deleted alias does not make promote forget production; the holder's
+    sanction overwritten or deleted is a lost link: the guard holds the newest sanction it can still verify, a
+    move by hand is still reverted, and the loss is audited; a deleted holder is audited once."""
     import hashlib
 
     from registry.reconcile import reconcile
@@ -322,11 +323,13 @@ def test_the_chain_holds_against_a_flood_an_edited_tag_an_overwrite_and_deletion
     assert damaged.damaged and damaged.version != "3" and damaged.run_id != head, damaged
     done = reconcile(c)
     assert any("was overwritten" in a for a in done) and any("a newer link may be lost" in a for a in done), done
-    assert c.get_registered_model(NAME).aliases.get("production") == damaged.version
+    assert live(c) == damaged.version
     sanction_file = Path(c.get_run(head).info.artifact_uri.removeprefix("file://")) / SANCTION_FILE
     sanction_file.unlink()  # deleted outright (the artifact store's DELETE): the same, a lost link
     c.set_registered_model_alias(NAME, "production", "3")
-    assert holder(c, NAME, "production").damaged and any("back from v3" in a for a in reconcile(c))
+    damaged = holder(c, NAME, "production")
+    assert damaged.damaged and any("v3" in a for a in reconcile(c))  # back to the verifiable holder, or cleared
+    assert live(c) == damaged.version != "3"
     c.log_artifact(head, saved)  # put back as it was: the chain reads whole again
     assert hashlib.sha256(Path(saved).read_bytes()).hexdigest() == c.get_run(head).data.params[DIGEST_PARAM]
     assert holder(c, NAME, "production").version == "2"
@@ -348,3 +351,35 @@ def test_the_chain_holds_against_a_flood_an_edited_tag_an_overwrite_and_deletion
     assert reconcile(c) == []
     lines = c.search_runs([audit], filter_string="tags.decision = 'guard:finding:production'")
     assert any("v2 of `production` no longer exists" in r.data.tags["reason"] for r in lines)
+
+
+def live(c) -> str | None:
+    """Where the production alias points now (None: nowhere)."""
+    held = c.get_registered_model(NAME).aliases.get("production")
+    return None if held is None else str(held)
+
+
+def test_one_overwritten_old_sanction_never_disables_the_guard(promoted):
+    """The oldest sanction's file overwritten with `{}` through the API, then production set by hand to a version
+    never promoted: the guard reverts it to the newest sanction it can verify and says the link is lost; after a
+    new signed promotion the next hand move is reverted to it too."""
+    from registry.reconcile import reconcile
+    from registry.sanction import SANCTION_FILE, holder
+    from tests.helpers.steps import run_step
+
+    tmp, _ = promoted
+    c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    audit = c.get_experiment_by_name("drafterops-audit").experiment_id
+    oldest = c.search_runs([audit], filter_string="tags.decision = 'alias:production'",
+                           order_by=["attributes.start_time ASC"])[0]  # fmt: skip
+    c.log_text(oldest.info.run_id, "{}", SANCTION_FILE)
+    c.set_registered_model_alias(NAME, "production", "3")
+    done = reconcile(c)
+    assert any("back from v3 to v2, where promote put it" in a for a in done), done
+    assert any(f"audit run {oldest.info.run_id}: its sanction.json was overwritten" in a for a in done), done
+    assert live(c) == "2" and holder(c, NAME, "production").damaged
+    res = run_step("promote", ["--model", f"models:/{NAME}/1", "--profile", str(tmp / "lenient.yaml"), "--margin",
+                               "1"], tmp, here=True)  # fmt: skip
+    assert res.returncode == 0, res.stdout[-2000:]
+    c.set_registered_model_alias(NAME, "production", "3")
+    assert any("back from v3 to v1, where promote put it" in a for a in reconcile(c)) and live(c) == "1"
