@@ -340,7 +340,7 @@ def records_for(c: Any, model: str, version: str, trust: Any = None) -> Found:
 
 def _logged_record(c: Any, run: Any, trust: Any) -> EvidenceRecord:
     """The run's record, when its bytes are those the run logged; Unusable says why not."""
-    raw = artifact_bytes(c, run.info.run_id, EVIDENCE_FILE)
+    raw = artifact_bytes(c, run, EVIDENCE_FILE)
     logged = run.data.params.get(DIGEST_PARAM)
     if not logged:
         raise Unusable("its run logged no evidence digest (not written by evaluate)")

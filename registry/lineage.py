@@ -152,7 +152,7 @@ def _lineage_record(c: Any, run: Any) -> dict | None:
     """The run's lineage record when its bytes are those it logged (None: missing or overwritten)."""
     from registry.runs import artifact_bytes
 
-    raw = artifact_bytes(c, run.info.run_id, LINEAGE_FILE)
+    raw = artifact_bytes(c, run, LINEAGE_FILE)
     if raw is None or hashlib.sha256(raw).hexdigest() != run.data.params.get(SHA_PARAM):
         return None
     return _as_record(raw)

@@ -137,6 +137,11 @@ def _held(c: Any, name: str, version: Any, record: dict[str, Any]) -> str:
     return "held"
 
 
+def links(c: Any, name: str, alias: str, trust: Any = None) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every valid sanction of `alias` for the model now called `name`, by digest: (audit run id, record)."""
+    return _chain_links(c, c.get_registered_model(name), alias, trust)[0]
+
+
 def _files_or_none(c: Any, mv: Any) -> dict[str, str] | None:
     """The version's files as they are now; None when they cannot be read (a config.json that is no longer
     JSON, say): such a version is not what was decided on."""
@@ -165,7 +170,7 @@ def _chain_links(c: Any, rm: Any, alias: str, trust: Any) -> tuple[dict, list[st
         if not logged:  # `audit.move_alias` logs it with every sanction: without it, a run made by hand
             junk += 1
             continue
-        raw = read_bytes(c, run.info.run_id)
+        raw = read_bytes(c, run)
         if raw is None or logged != hashlib.sha256(raw).hexdigest():  # deleted or overwritten: a link may be gone
             tampered.append(run.info.run_id)
             what = "is missing" if raw is None else "was overwritten after it was written"
@@ -204,11 +209,11 @@ def _parse(raw: bytes | None) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def read_bytes(c: Any, run_id: str) -> bytes | None:
-    """The sanction file an audit run holds, as stored (None: none readable)."""
+def read_bytes(c: Any, run: Any) -> bytes | None:
+    """The sanction file an audit run (a Run, or its id) holds, as stored (None: none readable)."""
     from registry.runs import artifact_bytes
 
-    return artifact_bytes(c, run_id, SANCTION_FILE)
+    return artifact_bytes(c, run, SANCTION_FILE)
 
 
 def read(c: Any, run_id: str) -> dict[str, Any] | None:

@@ -383,3 +383,62 @@ def test_one_overwritten_old_sanction_never_disables_the_guard(promoted):
     assert res.returncode == 0, res.stdout[-2000:]
     c.set_registered_model_alias(NAME, "production", "3")
     assert any("back from v3 to v1, where promote put it" in a for a in reconcile(c)) and live(c) == "1"
+
+
+@pytest.mark.full
+def test_two_promotes_at_once_on_a_shared_server_keep_the_chain_linear(tiny_targets, tmp_path):
+    """A live `mlflow server` (the multi-user setup the docs recommend), 20 rounds: production is set to junk v2 by a
+    signed sanction, then v1 (better) and v3 (junk) are promoted by two processes at once, both having judged
+    against v2 before either writes (a failpoint makes them meet there). Every round exactly one decision is taken
+    again, against what the other installed, and the chain of sanctions stays one line: no two sanctions follow
+    the same one, one head."""
+    from registry import audit, succession
+    from registry.sanction import holder, links
+    from tests.helpers.evidence import forge_record
+    from tests.helpers.promotion import register_gated, write_profiles
+    from tests.helpers.servers import mlflow_server
+    from tests.helpers.steps import run_modules_together, step_env
+
+    _, wrapped = tiny_targets
+    write_profiles(tmp_path, wrapped)
+    profile = str(tmp_path / "lenient.yaml")
+    backend, artifacts = f"sqlite:///{tmp_path}/server.db", str(tmp_path / "art")
+    with mlflow_server(tmp_path, backend, "--default-artifact-root", artifacts) as url:
+        env = step_env(tmp_path, MLFLOW_TRACKING_URI=url)
+        register_gated(tmp_path, wrapped, (1, 2, 3), url)
+        c = mlflow.MlflowClient(url)
+        for version, tokens in (("1", 2), ("2", 1), ("3", 1)):  # v1 better than v2 and v3 (trusted records)
+            forge_record(c, NAME, version, tmp_path / "lenient.yaml", lambda _c, k, n=tokens: [(n, 1)] * len(k))
+
+        def promote(version: str, *extra: str) -> list[str]:
+            return ["--model", f"models:/{NAME}/{version}", "--profile", profile, *extra]
+
+        def reset() -> None:  # production back to junk v2 by a signed sanction, as promote writes one
+            head = holder(c, NAME, "production").head
+            with succession.next_link(c, NAME, "production", head, lambda: holder(c, NAME, "production").head) as claim:
+                audit.move_alias(c, NAME, "production", "2", "reset for the next round", by_promote=True, claim=claim)
+
+        for i in range(20):
+            reset()
+            assert holder(c, NAME, "production").version == "2"
+            race = {**env, "DRAFTEROPS_FAILPOINT": "promote:judged:meet",
+                    "DRAFTEROPS_FAILPOINT_MEET": f"{tmp_path / f'meet-{i}'}:2"}  # fmt: skip
+            good, junk = run_modules_together("steps.promote", [promote("1"), promote("3")], tmp_path, race)
+            again = [res for res in (good, junk) if "decided again against its new head" in res.stdout]
+            assert len(again) == 1, (good.stdout[-2000:], junk.stdout[-2000:])
+            first, second = (junk, good) if again[0] is good else (good, junk)
+            won = "1" if first is good else "3"
+            assert first.returncode == 0 and "vs production v2 1.000" in first.stdout, first.stdout[-2000:]
+            assert f"vs production v{won} " in second.stdout, second.stdout[-2000:]  # the second saw the first's result
+            assert second.returncode == (1 if won == "1" else 0), second.stdout[-2000:]
+            chain = [record for _, record in links(c, NAME, "production").values()]
+            follows = [record["previous"] for record in chain]
+            assert len(follows) == len(set(follows)), f"round {i}: two sanctions follow the same one"
+            assert sum(1 for r in chain if signing_digest(r) not in set(follows)) == 1, f"round {i}: not one head"
+            assert holder(c, NAME, "production").version == "1"  # v1 won, or came second and beat junk v3
+
+
+def signing_digest(record: dict) -> str:
+    from registry import signing
+
+    return signing.digest(record)
