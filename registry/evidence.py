@@ -24,7 +24,7 @@ from typing import Any
 
 from registry import signing
 from registry.policy import Evidence
-from registry.runs import artifact_bytes, runs_with_param
+from registry.runs import all_experiment_ids, artifact_bytes, runs_with_param
 from registry.trust import EVALUATOR, load_trust
 from serving.cost import break_even_accept_len
 from serving.profile import Profile
@@ -323,9 +323,7 @@ def records_for(c: Any, model: str, version: str, trust: Any = None) -> Found:
     oldest first. Runs are found by their `drafterops.evidence` *param*, which MLflow lets nobody change
     or delete (a tag could be removed to hide an unfavourable record), page by page (none left out). A
     record whose bytes no longer match the sha256 its run logged as a param was overwritten: unusable."""
-    from mlflow.entities import ViewType
-
-    experiments = [e.experiment_id for e in c.search_experiments(view_type=ViewType.ALL)]
+    experiments = all_experiment_ids(c)
     found = Found([], [])
     for run in runs_with_param(c, experiments, TAG, f"{model}/{version}"):
         engine = run.data.params.get("engine", "")  # a param: what the run said it measured with, unchangeable

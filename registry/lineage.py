@@ -93,19 +93,17 @@ def lineage(c: Any, mv: Any, depth: int = 256, folder: Path | None = None) -> Li
 def _by_content(c: Any, folder: Path, depth: int, out: Lineage) -> None:
     """Every run that produced these weights (by value at a canonical precision, or within drafter.sketch.NEAR
     of them), then every run that produced their init, and so on."""
-    from mlflow.entities import ViewType
-
     from common.errors import BadInput
     from drafter.fingerprint import legacy_tensor_digest, tensor_digest
     from drafter.sketch import weights_sketch
-    from registry.runs import runs_with_param
+    from registry.runs import all_experiment_ids, runs_with_param
 
     try:
         frontier = [tensor_digest(folder), legacy_tensor_digest(folder)]
         sketch = weights_sketch(folder)
     except BadInput:
         return
-    experiments = [e.experiment_id for e in c.search_experiments(view_type=ViewType.ALL)]
+    experiments = all_experiment_ids(c)
     for _run, record in _near_copies(c, experiments, sketch, out):
         out.keys |= set(record.get("prompt_keys", []))
         if record.get("init_digest"):

@@ -31,6 +31,20 @@ def runs_with_param(c: Any, experiments: list[str], key: str, value: str) -> lis
             return runs
 
 
+def all_experiment_ids(c: Any) -> list[str]:
+    """Every experiment of the store, active or deleted, page by page (a store holds more than one page of them:
+    each promotion leaves a deleted claim, registry.succession)."""
+    from mlflow.entities import ViewType
+
+    ids, token = [], None
+    while True:
+        page = c.search_experiments(view_type=ViewType.ALL, max_results=1000, page_token=token)
+        ids += [e.experiment_id for e in page]
+        token = page.token
+        if not token:
+            return ids
+
+
 def artifact_bytes(c: Any, run: Any, path: str) -> bytes | None:
     """One artifact of a run (a Run, or its id), as stored (None: not there or not readable). Given the Run,
     read straight from its artifact location (which the server fixed when the run was made): one request, not

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from registry import naming, signing
+from registry import signing
 
 SANCTION_FILE = "sanction.json"
 PARAM = "drafterops.sanction"  # "<model>@<alias>" on the audit run: what finds it (a param nobody can change)
@@ -155,17 +155,16 @@ def _files_or_none(c: Any, mv: Any) -> dict[str, str] | None:
 
 def _chain_links(c: Any, rm: Any, alias: str, trust: Any) -> tuple[dict, list[str], list[str]]:
     """Every valid sanction of this model and alias by digest (run id, record); what else claimed to be one."""
-    from registry.runs import runs_with_param
+    from registry.runs import all_experiment_ids, runs_with_param
     from registry.trust import load_trust
 
-    exp = c.get_experiment_by_name(naming.AUDIT_EXPERIMENT)
-    if exp is None:
-        return {}, [], []
+    # every experiment, deleted ones too: the audit experiment renamed or deleted by hand hides no sanction
+    experiments = all_experiment_ids(c)
     identity = model_identity(rm)
     trust = trust or load_trust()
     valid: dict[str, tuple[str, dict]] = {}
     findings, tampered, junk = [], [], 0
-    for run in runs_with_param(c, [exp.experiment_id], PARAM, param_value(rm.name, alias)):
+    for run in runs_with_param(c, experiments, PARAM, param_value(rm.name, alias)):
         logged = run.data.params.get(DIGEST_PARAM)
         if not logged:  # `audit.move_alias` logs it with every sanction: without it, a run made by hand
             junk += 1

@@ -7,7 +7,8 @@ it claims "the link after H" by creating the experiment named for (model, alias,
 one process succeeds; it writes its sanction (previous = H) and then deletes the claim (deleted experiments
 keep their names, so the claim is never made again). A process that finds the claim taken waits until it is
 released and then re-reads the chain: the head has moved, so it judges again against the new holder (the
-promote that lost re-decides, against what the winner installed). A claim released without a sanction (its
+promote that lost re-decides, against what the winner installed). A claim carries its maker's signature (a
+trusted promoter's): one planted by hand is not waited for. A claim released without a sanction (its
 decision failed) is followed by attempt 1, and so on; a claim held longer than STALE_S by a process that
 died is taken over the same way, and the dead process, should it wake, finds the next attempt claimed and
 writes nothing. An in-process lock plays no part: two processes, or two machines, on one server serialise.
@@ -17,13 +18,17 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from registry import signing
+
 PREFIX = "drafterops-claim"
+SIGNED_TAG = "drafterops.claim"  # the claim signed by the promoter making it
 STALE_S = 600.0  # a claim held longer than this belongs to a process that died (a decision takes seconds)
 POLL_S = 0.1
 
@@ -69,28 +74,43 @@ def take(c: Any, name: str, alias: str, head: str, head_now: Callable[[], str]) 
     attempt = 0
     while True:
         experiment = claim_name(rm, alias, head, attempt)
+        signed = json.dumps(signing.sign({"kind": "claim", "name": experiment}))  # a claim nobody else can plant
         try:
-            eid = c.create_experiment(experiment, tags={"drafterops.claim": f"{name}@{alias}", "head": head or "none",
-                                                        "attempt": str(attempt)})  # fmt: skip
+            eid = c.create_experiment(experiment, tags={SIGNED_TAG: signed, "model": f"{name}@{alias}",
+                                                        "head": head or "none", "attempt": str(attempt)})  # fmt: skip
             return Claim(name, alias, head, attempt, eid, experiment)
         except MlflowException as exc:
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
-        _wait_while_held(c, experiment)
-        if head_now() != head:
+        if _wait_while_held(c, experiment) and head_now() != head:
             raise Lost(f"the chain of {name}@{alias} moved on while this decision was taken")
-        attempt += 1  # released (or abandoned) without a sanction after `head`: the next attempt
+        attempt += 1  # released (or abandoned, or planted) without a sanction after `head`: the next attempt
 
 
-def _wait_while_held(c: Any, experiment: str) -> None:
-    """Until the claim is released, or so old that its holder must have died."""
+def _wait_while_held(c: Any, experiment: str) -> bool:
+    """Until the claim is released, or so old that its holder must have died (True: a real claim, the chain may
+    have moved); False at once for a claim no trusted promoter signed (planted to stall promotions)."""
     while True:
         found = c.get_experiment_by_name(experiment)
+        if found is not None and not _signed(found, experiment):
+            return False
         if found is None or found.lifecycle_stage == "deleted":
-            return
+            return True
         if time.time() - (found.creation_time or 0) / 1000 > STALE_S:
-            return
+            return True
         time.sleep(POLL_S)
+
+
+def _signed(experiment: Any, name: str) -> bool:
+    from registry.trust import PROMOTER, load_trust
+
+    try:
+        record = json.loads(experiment.tags.get(SIGNED_TAG, ""))
+    except ValueError:
+        return False
+    if not isinstance(record, dict) or record.get("kind") != "claim" or record.get("name") != name:
+        return False
+    return signing.verify(record, PROMOTER, load_trust()) is None
 
 
 def still_mine(c: Any, claim: Claim) -> bool:
