@@ -210,7 +210,7 @@ def test_a_folder_candidate_is_found_by_its_content_never_by_a_tag(bakeoff_store
     tmp, _ = bakeoff_store
     c = _client(tmp)
     target = str(MINIWORLD / "k2.5-mini")
-    flagship_sha = c.get_model_version(NAME, "1").tags["sha256"]
+    flagship_sha, junk_sha = (c.get_model_version(NAME, v).tags["sha256"] for v in ("1", "2"))
     c.set_model_version_tag(NAME, "1", "sha256", "0" * 64)
     c.set_model_version_tag(NAME, "2", "sha256", flagship_sha)
     try:
@@ -220,6 +220,7 @@ def test_a_folder_candidate_is_found_by_its_content_never_by_a_tag(bakeoff_store
         assert other.mv is None and other.staged is not None and other.sha != found.sha
     finally:
         c.set_model_version_tag(NAME, "1", "sha256", flagship_sha)
+        c.set_model_version_tag(NAME, "2", "sha256", junk_sha)
 
 
 def test_a_candidate_that_fails_the_gate_is_never_registered(tmp_path):

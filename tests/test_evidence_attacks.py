@@ -437,7 +437,6 @@ def test_a_lossless_resave_or_a_little_noise_keeps_the_lineage(candidate_store):
     import torch
     from safetensors.torch import load_file, save_file
 
-    from drafter.sketch import NEAR, relative_distance, weights_sketch
     from registry.lineage import lineage
 
     tmp, train = candidate_store
@@ -471,5 +470,7 @@ def test_a_lossless_resave_or_a_little_noise_keeps_the_lineage(candidate_store):
         copy("float32-copy", lambda t: {k: v.float() if v.is_floating_point() else v for k, v in t.items()}) >= trained
     )
     assert copy("noisy-copy", noisy) >= trained
+    from drafter.sketch import NEAR, relative_distance, weights_sketch
+
     flagship = Path(train).parents[1] / "aq-mini-eagle3"
     assert relative_distance(weights_sketch(flagship), weights_sketch(source)) > NEAR
