@@ -83,7 +83,11 @@ def lineage(c: Any, mv: Any, depth: int = 256, folder: Path | None = None) -> Li
             mv = None
     if first is not None:
         try:
-            folder = folder or store.version_folder(f"models:/{first.name}/{first.version}")[1]
+            folder = (
+                folder
+                or store.local_folder(c, first)
+                or store.version_folder(f"models:/{first.name}/{first.version}")[1]
+            )
         except (MlflowException, BadInput):
             return out
         _by_content(c, folder, depth, out)

@@ -362,10 +362,12 @@ def live(c) -> str | None:
 def test_one_overwritten_old_sanction_never_disables_the_guard(promoted):
     """The oldest sanction's file overwritten with `{}` through the API, then production set by hand to a version
     never promoted: the guard reverts it to the newest sanction it can verify and says the link is lost; after a
-    new signed promotion the next hand move is reverted to it too."""
+    new signed promotion the next hand move is reverted to it too. Then the attack round's: the audit experiment
+    renamed or deleted, and claims planted for the chain's head, move nothing."""
     from registry.reconcile import reconcile
-    from registry.sanction import SANCTION_FILE, holder
-    from tests.helpers.steps import run_step
+    from registry.sanction import SANCTION_FILE, holder, links
+    from registry.succession import claim_name
+    from tests.helpers.steps import run_module, run_step, step_env
 
     tmp, _ = promoted
     c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
@@ -383,6 +385,23 @@ def test_one_overwritten_old_sanction_never_disables_the_guard(promoted):
     assert res.returncode == 0, res.stdout[-2000:]
     c.set_registered_model_alias(NAME, "production", "3")
     assert any("back from v3 to v1, where promote put it" in a for a in reconcile(c)) and live(c) == "1"
+    # tried with store access alone: the audit experiment renamed, then deleted (the sanctions are still read from
+    # every experiment: a move by hand is reverted, never taken for an empty chain that clears production); claims
+    # planted by hand for the chain's head (unsigned: promote neither waits on them nor forks around them)
+    audit = c.get_experiment_by_name("drafterops-audit").experiment_id
+    c.rename_experiment(audit, "nothing-to-see")
+    for hide in (lambda: None, lambda: c.delete_experiment(audit)):
+        hide()
+        c.set_registered_model_alias(NAME, "production", "3")
+        assert any("back from v3 to v1, where promote put it" in a for a in reconcile(c)) and live(c) == "1"
+    head = holder(c, NAME, "production").head
+    for attempt in range(3):
+        c.create_experiment(claim_name(c.get_registered_model(NAME), "production", head, attempt))
+    res = run_module("steps.promote", ["--model", f"models:/{NAME}/2", "--profile", str(tmp / "lenient.yaml"),
+                                       "--margin", "1"], tmp, step_env(tmp), timeout=300)  # fmt: skip
+    assert res.returncode == 0 and live(c) == "2", res.stdout[-2000:] + res.stderr[-2000:]
+    follows = [record["previous"] for _, record in links(c, NAME, "production").values()]
+    assert len(follows) == len(set(follows)) and head in follows  # one line, the new link after the old head
 
 
 @pytest.mark.full
@@ -442,30 +461,3 @@ def signing_digest(record: dict) -> str:
     from registry import signing
 
     return signing.digest(record)
-
-
-def test_store_only_attacks_on_the_chain_move_nothing(promoted):
-    """Tried with store access alone: the audit experiment renamed, then deleted (the sanctions are still read
-    from every experiment: a move by hand is reverted, never taken for an empty chain that clears production);
-    claims planted by hand for the chain's head (unsigned: promote does not wait on them, nor fork around them)."""
-    from registry.reconcile import reconcile
-    from registry.sanction import holder, links
-    from registry.succession import claim_name
-    from tests.helpers.steps import run_module, step_env
-
-    tmp, _ = promoted
-    c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
-    audit = c.get_experiment_by_name("drafterops-audit").experiment_id
-    c.rename_experiment(audit, "nothing-to-see")
-    for hide in (lambda: None, lambda: c.delete_experiment(audit)):
-        hide()
-        c.set_registered_model_alias(NAME, "production", "3")
-        assert any("back from v3 to v2, where promote put it" in a for a in reconcile(c)) and live(c) == "2"
-    head = holder(c, NAME, "production").head
-    for attempt in range(3):
-        c.create_experiment(claim_name(c.get_registered_model(NAME), "production", head, attempt))
-    res = run_module("steps.promote", ["--model", f"models:/{NAME}/1", "--profile", str(tmp / "lenient.yaml"),
-                                       "--margin", "1"], tmp, step_env(tmp), timeout=300)  # fmt: skip
-    assert res.returncode == 0 and live(c) == "1", res.stdout[-2000:] + res.stderr[-2000:]
-    follows = [record["previous"] for _, record in links(c, NAME, "production").values()]
-    assert len(follows) == len(set(follows)) and head in follows  # one line, the new link after the old head

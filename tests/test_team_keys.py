@@ -69,7 +69,6 @@ def test_rotation_end_to_end_never_clears_production_and_junk_is_refused_through
     compared with the holder and refused, Alice's retired key and a third key sign nothing, an ambiguous trust
     file (a name twice, a key twice) or one others could have written is refused in one line and nothing moves;
     and Bob re-certifies the holder with ci's key for the evaluation it runs."""
-    import datetime as dt
     import os
 
     from registry.evidence import records_for
@@ -105,9 +104,9 @@ def test_rotation_end_to_end_never_clears_production_and_junk_is_refused_through
         return None if held is None else str(held)
 
     assert promote("alice", "1").returncode == 0 and production() == "1"
-    retired = dt.datetime.now(dt.timezone.utc).isoformat()
-    trust.write_text(ci + f"trusted_promoters:\n  alice: {{key: '{key['alice'].public_text}', retired: '{retired}'}}\n"
-                     f"  bob: {key['bob'].public_text}\n")  # fmt: skip
+    retired = as_("bob", "keys", "retire", "alice")  # the rotation: her key kept, with the time, and Bob's added
+    assert retired.returncode == 0 and "alice's key retired at" in retired.stdout, retired.stderr
+    trust.write_text(trust.read_text() + f"  bob: {key['bob'].public_text}\n")
     reconciled = as_("bob", "guard", "--reconcile")
     assert reconciled.returncode == 0 and "(0 actions)" in reconciled.stdout, reconciled.stdout + reconciled.stderr
     assert production() == "1"
