@@ -477,3 +477,22 @@ def test_a_lossless_resave_or_a_little_noise_keeps_the_lineage(candidate_store):
 
     flagship = Path(train).parents[1] / "aq-mini-eagle3"
     assert relative_distance(weights_sketch(flagship), weights_sketch(source)) > NEAR
+
+
+def test_a_planted_sketch_with_nan_inf_or_the_wrong_shape_is_no_sketch():
+    """Lineage records are written by anyone with store access: a sketch in one with NaN or inf, the wrong number
+    of buckets, a negative norm or no shapes is read as no sketch (never a near-copy, never an error), and two
+    sketches of different tensors are infinitely far apart."""
+    import math
+
+    from drafter.sketch import BUCKETS, Sketch, relative_distance
+
+    def raw(**change):
+        return {"shapes": "s", "buckets": {"w": [0.5] * BUCKETS}, "norm2": {"w": 1.0}, **change}
+
+    assert Sketch.from_json(raw()) is not None
+    for bad in (raw(buckets={"w": [math.nan] * BUCKETS}), raw(buckets={"w": [math.inf] * BUCKETS}),
+                raw(buckets={"w": [0.5] * (BUCKETS - 1)}), raw(norm2={"w": -1.0}), raw(norm2={"w": math.nan}),
+                raw(norm2={"v": 1.0}), {"buckets": {}}, None, "junk"):  # fmt: skip
+        assert Sketch.from_json(bad) is None, bad
+    assert relative_distance(Sketch.from_json(raw()), Sketch.from_json(raw(shapes="other"))) == math.inf
