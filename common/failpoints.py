@@ -6,7 +6,7 @@ cleanup, no `finally`); `<name>:raise` raises an unforeseen error there (an inte
 n processes reach the point together (a race made certain, not hoped for).
 Unset, a failpoint costs one dictionary lookup. Names: `<step>` (the start of an entry point),
 `capture:after_partial`, `capture:after_head`, `capture:sample_<n>`, `capture:shard_<n>`,
-`capture:before_index`, `promote:judged`.
+`capture:before_index`, `promote:judged`, `promote:claimed`.
 """
 
 from __future__ import annotations

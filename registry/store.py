@@ -258,6 +258,11 @@ def version_folder(uri: str) -> tuple[Any, Path]:
     return mv, download_version(f"models:/{mv.name}/{mv.version}").folder
 
 
+def locked_locally() -> bool:
+    """Whether `registry_lock` serialises this store's writers (a local SQLite store) or the server does."""
+    return naming.tracking_uri().startswith("sqlite:///")
+
+
 @contextlib.contextmanager
 def registry_lock():
     """Serialise registry writes that must see each other (idempotent registration, promotion) against

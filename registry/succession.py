@@ -10,8 +10,9 @@ released and then re-reads the chain: the head has moved, so it judges again aga
 promote that lost re-decides, against what the winner installed). A claim carries its maker's signature (a
 trusted promoter's): one planted by hand is not waited for. A claim released without a sanction (its
 decision failed) is followed by attempt 1, and so on; a claim held longer than STALE_S by a process that
-died is taken over the same way, and the dead process, should it wake, finds the next attempt claimed and
-writes nothing. An in-process lock plays no part: two processes, or two machines, on one server serialise.
+died (on a local SQLite store, any claim found under the registry's file lock) is taken over the same way,
+and the dead process, should it wake, finds the next attempt claimed and writes nothing. An in-process lock
+plays no part: two processes, or two machines, on one server serialise.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from registry import signing
 
 PREFIX = "drafterops-claim"
 SIGNED_TAG = "drafterops.claim"  # the claim signed by the promoter making it
-STALE_S = 600.0  # a claim held longer than this belongs to a process that died (a decision takes seconds)
+STALE_S = 120.0  # a claim held longer than this belongs to a process that died (its writes take seconds)
 POLL_S = 0.1
 
 
@@ -59,15 +60,18 @@ def claim_name(rm: Any, alias: str, head: str, attempt: int) -> str:
 @contextmanager
 def next_link(c: Any, name: str, alias: str, head: str, head_now: Callable[[], str]) -> Iterator[Claim]:
     """Hold the claim on the link after `head` while the body writes it; Lost when the chain moved on (or is
-    being moved on) from `head`. `head_now` re-reads the chain's head."""
-    claim = take(c, name, alias, head, head_now)
+    being moved on) from `head`. `head_now` re-reads the chain's head. On a local SQLite store the caller holds
+    the registry's file lock, so a claim found there was left by a process that died: not waited for."""
+    from registry.store import locked_locally
+
+    claim = take(c, name, alias, head, head_now, patient=not locked_locally())
     try:
         yield claim
     finally:
         release(c, claim)
 
 
-def take(c: Any, name: str, alias: str, head: str, head_now: Callable[[], str]) -> Claim:
+def take(c: Any, name: str, alias: str, head: str, head_now: Callable[[], str], patient: bool = True) -> Claim:
     from mlflow.exceptions import MlflowException
 
     rm = c.get_registered_model(name)
@@ -82,12 +86,12 @@ def take(c: Any, name: str, alias: str, head: str, head_now: Callable[[], str]) 
         except MlflowException as exc:
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
-        if _wait_while_held(c, experiment) and head_now() != head:
+        if _wait_while_held(c, experiment, patient) and head_now() != head:
             raise Lost(f"the chain of {name}@{alias} moved on while this decision was taken")
         attempt += 1  # released (or abandoned, or planted) without a sanction after `head`: the next attempt
 
 
-def _wait_while_held(c: Any, experiment: str) -> bool:
+def _wait_while_held(c: Any, experiment: str, patient: bool = True) -> bool:
     """Until the claim is released, or so old that its holder must have died (True: a real claim, the chain may
     have moved); False at once for a claim no trusted promoter signed (planted to stall promotions)."""
     while True:
@@ -96,7 +100,7 @@ def _wait_while_held(c: Any, experiment: str) -> bool:
             return False
         if found is None or found.lifecycle_stage == "deleted":
             return True
-        if time.time() - (found.creation_time or 0) / 1000 > STALE_S:
+        if not patient or time.time() - (found.creation_time or 0) / 1000 > STALE_S:
             return True
         time.sleep(POLL_S)
 

@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
             try:  # a shared server: the compare-and-set on the chain's head decides who writes the next link
                 with succession.next_link(c, name, args.stage, judgement.head,
                                           lambda n=name: sanction.holder(c, n, args.stage).head) as claim:  # fmt: skip
+                    failpoints.hit("promote:claimed")
                     print(judgement.text)
                     publish(c, args, profile, margin, judgement, claim)
                     return 0
