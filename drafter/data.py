@@ -102,7 +102,8 @@ class DatasetWriter:
         refuse_foreign(self.folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         for tmp in self.folder.glob("*.tmp"):
-            tmp.unlink()
+            if _ours(tmp.name, recorded=True):  # refuse_foreign let through only what this writer names so
+                tmp.unlink()
         if (self.folder / PARTIAL).is_file():
             partial = read_json(self.folder / PARTIAL)
             if partial.get("meta") != self.meta:
@@ -216,13 +217,24 @@ def check_shards(folder: Path, shards: list[dict[str, Any]]) -> None:
             raise BadInput(f"{path}: shard changed since it was written (sha256 differs from index.json)")
 
 
+OWN = {PARTIAL, HEAD_FILE, INDEX, REGENERATED, REGENERATED.replace(".jsonl", ".json")}
+
+
+def _ours(name: str, recorded: bool) -> bool:
+    """A name this writer gives its files; shards (and their half-written .tmp) only in a folder whose record
+    (`index.partial.json`) says a capture of ours is under way there: a writer deletes what it would rewrite,
+    so it must never take someone else's `shard-00000.safetensors` or `notes.tmp` for its own."""
+    base = name.removesuffix(".tmp")
+    return base in OWN or bool(recorded and SHARD_NAME.fullmatch(base))
+
+
 def refuse_foreign(folder: Path) -> None:
-    """A folder that holds anything but a dataset's own files is not written into."""
-    own = {PARTIAL, HEAD_FILE, REGENERATED, REGENERATED.replace(".jsonl", ".json")}
+    """A folder that holds anything but a dataset's own files is not written into (nothing in it is deleted)."""
     leftovers = [p.name for p in folder.iterdir()] if folder.is_dir() else []
-    foreign = [n for n in leftovers if not (n in own or n.endswith(".tmp") or SHARD_NAME.fullmatch(n))]
+    recorded = PARTIAL in leftovers
+    foreign = [n for n in leftovers if not _ours(n, recorded)]
     if foreign:
-        raise BadInput(f"{folder}: exists and is not a drafterops dataset; refusing to mix")
+        raise BadInput(f"{folder}: exists and is not a drafterops dataset ({foreign[0]}); refusing to mix")
 
 
 def preflight(folder: str | Path) -> None:

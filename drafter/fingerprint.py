@@ -68,20 +68,48 @@ def file_sha256(path: Path) -> str:
 
 
 def tensor_digest(folder: str | Path) -> str:
-    """The weights' identity by value: sha256 over every tensor's name, dtype, shape and bytes, in name
-    order, whatever file, shard layout or metadata they were saved with. Lineage is looked up by it, so
-    weights re-saved with other metadata, or re-imported from a folder, are still the same weights."""
+    """The weights' identity by value: sha256 over every tensor's name, shape and values at one canonical
+    precision (floating point as float32, the rest as int64), in name order, whatever file, shard layout,
+    metadata or dtype they were saved with. Lineage is looked up by it, so weights re-saved with other
+    metadata, re-imported from a folder, or re-saved losslessly in another precision (bf16 as float32) are
+    still the same weights. A lossy change (float32 as bf16, any noise) is another digest: `drafter.sketch`
+    recognises those near-copies."""
+    return _sha({name: f"{shape}|{hashlib.sha256(raw).hexdigest()}" for name, shape, raw in _canonical(folder)})
+
+
+def legacy_tensor_digest(folder: str | Path) -> str:
+    """The digest earlier versions logged (each tensor's own dtype and bytes): looked up too, so a store's older
+    lineage records are still found."""
     import torch
+
+    per_tensor = {}
+    for name, t in tensors(folder):
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        per_tensor[name] = f"{t.dtype}|{list(t.shape)}|{hashlib.sha256(raw).hexdigest()}"
+    return _sha(per_tensor)
+
+
+def tensors(folder: str | Path):
+    """(name, tensor) of every tensor in the folder's safetensors files, contiguous."""
     from safetensors import safe_open
 
     files = sorted(Path(folder).glob("*.safetensors"))
     if not files:
         raise BadInput(f"{folder}: no safetensors weights to fingerprint")
-    per_tensor: dict[str, str] = {}
     for path in files:
         with safe_open(str(path), framework="pt") as fh:
             for name in fh.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                t = fh.get_tensor(name).contiguous()
-                raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-                per_tensor[name] = f"{t.dtype}|{list(t.shape)}|{hashlib.sha256(raw).hexdigest()}"
-    return _sha(per_tensor)
+                yield name, fh.get_tensor(name).contiguous()
+
+
+def canonical_values(t: Any) -> Any:
+    """A tensor's values at the canonical precision: float32 for floating point, int64 for the rest."""
+    import torch
+
+    return t.to(torch.float32) if t.is_floating_point() else t.to(torch.int64)
+
+
+def _canonical(folder: str | Path):
+    for name, t in tensors(folder):
+        values = canonical_values(t).reshape(-1)
+        yield name, list(t.shape), values.numpy().astype(values.numpy().dtype.newbyteorder("<")).tobytes()

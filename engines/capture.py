@@ -199,6 +199,11 @@ class ServedStates(FilesBackedSource):
     _in_flight: deque = field(default_factory=deque)  # (prompt ids, Future of (response, stored states))
     _pool: ThreadPoolExecutor | None = None
     _closed: bool = False
+    _before: frozenset[str] = frozenset()  # what the storage held when capture began: never this capture's
+
+    def __post_init__(self) -> None:
+        if self.storage is not None and self.storage.is_dir():
+            self._before = frozenset(p.name for p in self.storage.iterdir())
 
     def _fault(self, message: str) -> Exception:
         return BadInput(f"{self.url}: {message}") if self.endpoint else InternalError(f"{self.url}: {message}")
@@ -251,11 +256,13 @@ class ServedStates(FilesBackedSource):
                 "serve the target with --speculative-config method extract_hidden_states and a hidden-states "
                 "connector (`make_data --print_server_command`)"
             )
-        return response, read_states(self._states_file(path), self.timeout_s, lambda: self._closed)
+        where = self._states_file(path)
+        return response, {**read_states(where, self.timeout_s, lambda: self._closed), PATH_KEY: where}
 
     def _states_file(self, named: object) -> Path:
-        """The file a reply names, only where the server's storage is (it is read, then deleted): a plain
-        `<name>.safetensors` directly in `storage`, no link."""
+        """The file a reply names, only where the server's storage is: a plain `<name>.safetensors` directly in
+        `storage`, no link, and none that was there before this capture began (it is read, and deleted only
+        once it proves to hold this very prompt's states: a file the capture did not cause is never removed)."""
         path = Path(str(named))
         ok = (
             isinstance(named, str) and self.storage is not None and STATES_NAME.fullmatch(path.name) is not None
@@ -263,6 +270,9 @@ class ServedStates(FilesBackedSource):
         )  # fmt: skip
         if not ok:
             raise self._fault(f"names a states file {str(named)[:120]!r} outside its storage {self.storage}")
+        if path.name in self._before or f"{path.name}.lock" in self._before:
+            raise self._fault(f"names a states file {path.name!r} that was in {self.storage} before this capture "
+                              "began: not one it wrote for this request (left as it is)")  # fmt: skip
         return path
 
     def reply(
@@ -274,7 +284,10 @@ class ServedStates(FilesBackedSource):
         response = self._complete(input_ids, body)
         path = (response.get("kv_transfer_params") or {}).get("hidden_states_path")
         if path:
-            read_states(self._states_file(path), self.timeout_s, lambda: self._closed)
+            where = self._states_file(path)
+            stored = read_states(where, self.timeout_s, lambda: self._closed)
+            if torch.equal(stored.get("token_ids", torch.empty(0)).long(), torch.tensor(input_ids)):
+                discard(where)  # this request's own states, let go (a reply's tokens are not in them)
         try:
             return [int(t) for t in response["choices"][0]["token_ids"]]
         except (KeyError, IndexError, TypeError, ValueError):
@@ -299,11 +312,12 @@ class ServedStates(FilesBackedSource):
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise self._fault(f"no answer to a capture request ({exc.__class__.__name__}: {exc})") from None
 
-    def _states(self, input_ids: list[int], response: dict, stored: dict[str, torch.Tensor]) -> CapturedStates:
+    def _states(self, input_ids: list[int], response: dict, stored: dict[str, Any]) -> CapturedStates:
         ids = torch.tensor(input_ids)
         sent_back = stored.get("token_ids")
         if sent_back is None or not torch.equal(sent_back.long(), ids):
             raise self._fault("the captured states are for other tokens than the prompt sent")
+        discard(stored[PATH_KEY])  # this prompt's own states, read: the only file capture removes
         hs = stored.get("hidden_states")
         if hs is None:
             raise self._fault("its states file holds no 'hidden_states'")
@@ -370,9 +384,20 @@ def engine_next_tokens(response: dict, length: int, vocab: int) -> tuple[torch.T
     return torch.tensor(tokens), torch.tensor(values)
 
 
+PATH_KEY = "__path__"  # where the states were read from, beside them (removed once they prove to be ours)
+
+
+def discard(path: Path) -> None:
+    """The connector's file and its lock, once read and proven to be this capture's own."""
+    for leftover in (path, Path(f"{path}.lock")):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(leftover)
+
+
 def read_states(path: Path, timeout_s: float, cancelled=lambda: False) -> dict[str, torch.Tensor]:
-    """The connector's file, once its writer lets go of the lock beside it; both removed after reading.
-    The path is where the server wrote it: the server's storage must be this machine's too."""
+    """The connector's file, once its writer lets go of the lock beside it (the caller removes both, once
+    the states prove to be its own). The path is where the server wrote it: the server's storage must be
+    this machine's too."""
     lock = Path(f"{path}.lock")
     deadline = time.monotonic() + timeout_s
     while not lock.exists() and not path.exists():
@@ -397,9 +422,6 @@ def read_states(path: Path, timeout_s: float, cancelled=lambda: False) -> dict[s
         states = load_file(str(path))
     except (OSError, RuntimeError, SafetensorError) as exc:
         raise InternalError(f"{path}: unreadable hidden states ({exc.__class__.__name__}: {exc})") from None
-    for leftover in (path, lock):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(leftover)
     return states
 
 

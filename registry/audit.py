@@ -83,21 +83,26 @@ def _one_line(reasons: dict[str, Any] | str, limit: int = 500) -> str:
 
 def move_alias(
     c: Any, name: str, alias: str, version: str | None, reason: str, by_promote: bool = False, evidence_run: str = "",
-    terms: str = "", head: str | None = None,
+    terms: str = "", claim: Any = None, figure: dict[str, Any] | None = None,
 ) -> str | None:  # fmt: skip
     """Point `alias` at `version` (None: clear it), mirror the legacy stage, mark the replaced version;
     returns it. Serving aliases move only when the promotion rule said yes (`by_promote`), and then with a
-    signed sanction (registry.sanction), chained to the one before, written before the alias moves."""
+    signed sanction (registry.sanction) written before the alias moves, chained after the head the decision
+    read and claimed (registry.succession: `claim`, whose head the sanction names as previous)."""
     if alias in naming.PROTECTED_ALIASES and not by_promote:
         naming.check_alias(alias)  # raises: no step but `promote` may move a serving alias
     previous = current_alias_version(c, name, alias)
     files, params = {}, {}
     if alias in naming.PROTECTED_ALIASES:
-        from registry import sanction
+        from registry import sanction, succession
 
+        if claim is None or (claim.model, claim.alias) != (name, alias):
+            raise ValueError(f"moving {name}@{alias} needs the claim on its chain's next link (registry.succession)")
+        if not succession.still_mine(c, claim):  # taken over after this process stalled: write nothing
+            raise succession.Lost(f"the claim on {name}@{alias} was taken over while this decision stalled")
         mv = None if version is None else c.get_model_version(name, str(version))
-        head = sanction.holder(c, name, alias).head if head is None else head  # the caller's read, under its lock
-        signed = sanction.payload(c, c.get_registered_model(name), mv, alias, evidence_run, reason, terms, head)
+        signed = sanction.payload(c, c.get_registered_model(name), mv, alias, evidence_run, reason, terms, claim.head,
+                                  figure)  # fmt: skip
         files[sanction.SANCTION_FILE] = text = json.dumps(signed, indent=1)
         params = {sanction.PARAM: sanction.param_value(name, alias),
                   sanction.DIGEST_PARAM: hashlib.sha256(text.encode()).hexdigest()}  # fmt: skip

@@ -60,7 +60,8 @@ def deployment(profile: Profile) -> Deployment:
     calibrated = claims and not why
     target = profile.target or str(profile.measured.get("target") or "")
     if calibrated:
-        basis = profile.basis() + f" (signed by {trust.name(EVALUATOR, profile.signed.get(signing.KEY_ID))})"
+        signer = trust.entry(EVALUATOR, profile.signed.get(signing.KEY_ID))
+        basis = profile.basis() + f" (signed by {signer[0] if signer else 'an unknown key'})"
         digest = str(profile.measured.get("target_digest") or "")
     else:
         basis = (

@@ -24,7 +24,7 @@ from typing import Any
 
 from registry import signing
 from registry.policy import Evidence
-from registry.runs import artifact_bytes, runs_with_param
+from registry.runs import all_experiment_ids, artifact_bytes, runs_with_param
 from registry.trust import EVALUATOR, load_trust
 from serving.cost import break_even_accept_len
 from serving.profile import Profile
@@ -161,7 +161,14 @@ class EvidenceRecord:
 
 
 class Unusable(Exception):
-    """A record that cannot be read as evidence at all (unsigned, forged, impossible counts)."""
+    """A run that is not evidence at all: no digest logged by `evaluate`, unsigned, or signed by a key no
+    trust list names for it. Anyone with store access can make one, so it is ignored (and reported)."""
+
+
+class Blocking(Unusable):
+    """A record `evaluate` logged that can no longer be read as it was (overwritten, deleted), or one a
+    trusted evaluator signed with impossible counts: it stands in the way of the version's promotion until
+    a newer evaluation acknowledges it, so withdrawing an unfavourable record withdraws nothing."""
 
 
 def read_record(text: str, run_id: str, trust: Any = None) -> EvidenceRecord:
@@ -179,10 +186,10 @@ def read_record(text: str, run_id: str, trust: Any = None) -> EvidenceRecord:
     try:
         rec = EvidenceRecord.from_payload(raw, run_id)
     except (KeyError, TypeError, ValueError):
-        raise Unusable("signed, but not a record of this format") from None
+        raise Blocking("signed, but not a record of this format") from None
     impossible = sanity(rec)
     if impossible:
-        raise Unusable("impossible counts: " + impossible[0])
+        raise Blocking("impossible counts: " + impossible[0])
     return rec
 
 
@@ -300,10 +307,15 @@ def log_record(rec: EvidenceRecord) -> None:
 
 @dataclass
 class Found:
-    """What the store holds for one version: readable records, and runs whose record is unusable."""
+    """What the store holds for one version: readable records, records that stand in the way, and runs
+    that claim to be evidence and are not (ignored, said as findings)."""
 
     records: list[EvidenceRecord]
-    unusable: list[tuple[str, str, str]]  # (run id, the engine its run's params name, why)
+    unusable: list[tuple[str, str, str]]  # (run id, the engine its run's params name, why): Blocking records
+    planted: list[tuple[str, str]] = field(default_factory=list)  # (run id, why): not evidence, ignored
+
+    def findings(self) -> list[str]:
+        return [f"evaluation run {run} is not evidence ({why}): ignored" for run, why in self.planted]
 
 
 def records_for(c: Any, model: str, version: str, trust: Any = None) -> Found:
@@ -311,31 +323,29 @@ def records_for(c: Any, model: str, version: str, trust: Any = None) -> Found:
     oldest first. Runs are found by their `drafterops.evidence` *param*, which MLflow lets nobody change
     or delete (a tag could be removed to hide an unfavourable record), page by page (none left out). A
     record whose bytes no longer match the sha256 its run logged as a param was overwritten: unusable."""
-    from mlflow.entities import ViewType
-
-    experiments = [e.experiment_id for e in c.search_experiments(view_type=ViewType.ALL)]
+    experiments = all_experiment_ids(c)
     found = Found([], [])
     for run in runs_with_param(c, experiments, TAG, f"{model}/{version}"):
         engine = run.data.params.get("engine", "")  # a param: what the run said it measured with, unchangeable
         try:
             found.records.append(_logged_record(c, run, trust))
-        except Unusable as exc:
+        except Blocking as exc:
             found.unusable.append((run.info.run_id, engine, str(exc)))
+        except Unusable as exc:
+            found.planted.append((run.info.run_id, str(exc)))
     return found
 
 
 def _logged_record(c: Any, run: Any, trust: Any) -> EvidenceRecord:
     """The run's record, when its bytes are those the run logged; Unusable says why not."""
-    raw = artifact_bytes(c, run.info.run_id, EVIDENCE_FILE)
-    if raw is None:
-        raise Unusable("claims to be evidence but holds no record")
+    raw = artifact_bytes(c, run, EVIDENCE_FILE)
     logged = run.data.params.get(DIGEST_PARAM)
+    if not logged:
+        raise Unusable("its run logged no evidence digest (not written by evaluate)")
+    if raw is None:
+        raise Blocking("its evidence.json is missing (deleted after the run logged it)")
     if logged != hashlib.sha256(raw).hexdigest():
-        raise Unusable(
-            "its evidence.json was overwritten after the run logged it"
-            if logged
-            else "its run logged no evidence digest (not written by evaluate)"
-        )
+        raise Blocking("its evidence.json was overwritten after the run logged it")
     return read_record(raw.decode("utf-8", "replace"), run.info.run_id, trust)
 
 
@@ -350,11 +360,16 @@ def deciding(matching: list[EvidenceRecord], greedy: bool) -> list[EvidenceRecor
     return list(newest.values())
 
 
-def recompute(c: Any, mv: Any, profile: Profile, dep: Any = None) -> Evidence:
+def recompute(c: Any, mv: Any, profile: Profile, dep: Any = None, holder: bool = False,
+              decide_on: str | None = None) -> Evidence:  # fmt: skip
     """Everything the promotion rule depends on for one version, recomputed now: the shape gate from
     the version's headers against the profile's deployment target, the digest of every file the engine
     loads, the target's identity, and the least favourable standing record on the profile's pinned
-    prompts. Tags are never read."""
+    prompts. Tags are never read. Runs that are not evidence are ignored and said as findings.
+
+    `holder`: the version holds the alias, and its figure is what a candidate must not fall short of: a lost
+    record of it is a finding, never a block (a block would freeze production on it). `decide_on`: only that
+    run's record decides (recertify's fresh measurement); every other run is at most a finding."""
     from drafter.compat import check_compat, drafter_facts, target_facts, verdict
     from registry import store
     from registry.deployment import deployment
@@ -368,6 +383,12 @@ def recompute(c: Any, mv: Any, profile: Profile, dep: Any = None) -> Evidence:
     pinned = pinned_keys(profile)
     known = lineage(c, mv, folder=folder)
     remembered = {key for rec in found.records for key in rec.trained_on}  # signed when evaluated
+    findings = found.findings()
+    if decide_on is not None or holder:
+        findings += [f"evaluation run {run} is not usable evidence ({why}): not counted" for run, _, why in
+                     found.unusable]  # fmt: skip
+        records = [r for r in found.records if decide_on is None or r.run_id == decide_on]
+        found = Found(records, [], found.planted)
     contaminated = overlap(known.keys | remembered, pinned)
     matching, refused = [], []
     for rec in found.records:
@@ -390,7 +411,7 @@ def recompute(c: Any, mv: Any, profile: Profile, dep: Any = None) -> Evidence:
     base = Evidence(str(mv.version), gate, dep.target or None, classes=(), min_share=profile.min_share,
                     class_floor=profile.class_floor, contaminated=contaminated, operating_points=ops,
                     basis=basis, lineage_problems=tuple(known.problems),
-                    context_floors=profile.context_floors)  # fmt: skip
+                    context_floors=profile.context_floors, findings=tuple(findings))  # fmt: skip
     if dep.refusal:
         return _with(base, note=dep.refusal)
     if blocking:

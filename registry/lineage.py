@@ -8,7 +8,10 @@ started from (drafter.fingerprint.tensor_digest), the produced digest also as a 
 and the file's sha256 beside it. A version's lineage is then every such run whose produced weights have
 the version's digest, and, through each run's init digest, everything before it: a fine-tune from a
 registry URI, a folder or a hub id, and weights re-saved or re-imported under another name, all lead back
-to the same runs. An evaluation on prompts the candidate (or an ancestor) was trained on measures memory,
+to the same runs. The digest hashes values at one precision (a lossless re-save in float32 is the same
+weights), and each run also keeps a sketch of its weights (drafter.sketch), so a near-copy (a little noise,
+a lossy re-save: within 1% of the weights' norm) inherits the lineage of the weights it is near. An
+evaluation on prompts the candidate (or an ancestor) was trained on measures memory,
 not acceptance: such a candidate is refused on that evaluation set. A drafter imported from outside
 carries no such record: the registry cannot know its training data.
 """
@@ -23,22 +26,26 @@ from typing import Any
 
 LINEAGE_FILE = "lineage/training_prompts.json"
 WEIGHTS_PARAM = "drafterops.weights"  # the content digest of the weights the run produced
+SHAPES_PARAM = "drafterops.weights_shapes"  # their tensors' names and shapes: where near-copies are looked for
 SHA_PARAM = "drafterops.lineage_sha256"  # the lineage file's sha256 as logged
 
 
-def log_training_prompts(dataset: Any, weights_digest: str = "", init_digest: str = "") -> None:
-    """Into the active run (the one that registers the version): the dataset's prompt identities, and the
-    content digests of the weights produced and of the init they started from."""
+def log_training_prompts(dataset: Any, weights_digest: str = "", init_digest: str = "", sketch: Any = None) -> None:
+    """Into the active run (the one that registers the version): the dataset's prompt identities, the content
+    digests of the weights produced and of the init they started from, and the weights' sketch
+    (drafter.sketch: how near-copies of them are recognised)."""
     import mlflow
 
     keys = list(dataset.index.get("meta", {}).get("prompt_keys", []))
     record = {"dataset_digest": dataset.digest, "prompt_keys": keys, "weights_digest": weights_digest,
-              "init_digest": init_digest}  # fmt: skip
+              "init_digest": init_digest, "sketch": sketch.to_json() if sketch is not None else None}  # fmt: skip
     text = json.dumps(record, indent=1)
     mlflow.log_text(text, LINEAGE_FILE)
     params = {SHA_PARAM: hashlib.sha256(text.encode()).hexdigest()}
     if weights_digest:
         params[WEIGHTS_PARAM] = weights_digest
+    if sketch is not None:
+        params[SHAPES_PARAM] = sketch.shapes
     mlflow.log_params(params)
 
 
@@ -46,6 +53,7 @@ def log_training_prompts(dataset: Any, weights_digest: str = "", init_digest: st
 class Lineage:
     keys: set[str] = field(default_factory=set)  # prompt identities it and its ancestors were trained on
     problems: list[str] = field(default_factory=list)  # lineage records that cannot be read as logged
+    near: dict[str, float] = field(default_factory=dict)  # weights digest of a near-copy's source -> distance
 
 
 def training_prompt_keys(c: Any, mv: Any, depth: int = 32, folder: Path | None = None) -> set[str]:
@@ -75,7 +83,11 @@ def lineage(c: Any, mv: Any, depth: int = 256, folder: Path | None = None) -> Li
             mv = None
     if first is not None:
         try:
-            folder = folder or store.version_folder(f"models:/{first.name}/{first.version}")[1]
+            folder = (
+                folder
+                or store.local_folder(c, first)
+                or store.version_folder(f"models:/{first.name}/{first.version}")[1]
+            )
         except (MlflowException, BadInput):
             return out
         _by_content(c, folder, depth, out)
@@ -83,18 +95,23 @@ def lineage(c: Any, mv: Any, depth: int = 256, folder: Path | None = None) -> Li
 
 
 def _by_content(c: Any, folder: Path, depth: int, out: Lineage) -> None:
-    """Every run that produced these weights (by value), then every run that produced their init, and so on."""
-    from mlflow.entities import ViewType
-
+    """Every run that produced these weights (by value at a canonical precision, or within drafter.sketch.NEAR
+    of them), then every run that produced their init, and so on."""
     from common.errors import BadInput
-    from drafter.fingerprint import tensor_digest
-    from registry.runs import runs_with_param
+    from drafter.fingerprint import legacy_tensor_digest, tensor_digest
+    from drafter.sketch import weights_sketch
+    from registry.runs import all_experiment_ids, runs_with_param
 
     try:
-        frontier = [tensor_digest(folder)]
+        frontier = [tensor_digest(folder), legacy_tensor_digest(folder)]
+        sketch = weights_sketch(folder)
     except BadInput:
         return
-    experiments = [e.experiment_id for e in c.search_experiments(view_type=ViewType.ALL)]
+    experiments = all_experiment_ids(c)
+    for _run, record in _near_copies(c, experiments, sketch, out):
+        out.keys |= set(record.get("prompt_keys", []))
+        if record.get("init_digest"):
+            frontier.append(str(record["init_digest"]))
     done: set[str] = set()
     while frontier:  # breadth first: a made-up chain of inits cannot push a real ancestor past the limit
         digest = frontier.pop(0)
@@ -114,11 +131,30 @@ def _by_content(c: Any, folder: Path, depth: int, out: Lineage) -> None:
                 frontier.append(str(record["init_digest"]))
 
 
+def _near_copies(c: Any, experiments: list[str], sketch: Any, out: Lineage) -> list[tuple[Any, dict]]:
+    """The lineage runs whose weights have these tensors' names and shapes and lie within NEAR of them."""
+    from drafter.sketch import NEAR, Sketch, relative_distance
+    from registry.runs import runs_with_param
+
+    near = []
+    for run in runs_with_param(c, experiments, SHAPES_PARAM, sketch.shapes):
+        record = _lineage_record(c, run)
+        theirs = Sketch.from_json((record or {}).get("sketch"))
+        if record is None or theirs is None:
+            continue  # a record that cannot be read is reported where it is found by its digest
+        distance = relative_distance(theirs, sketch)
+        if distance <= NEAR:
+            near.append((run, record))
+            if record.get("weights_digest") not in out.near:
+                out.near[str(record.get("weights_digest"))] = distance
+    return near
+
+
 def _lineage_record(c: Any, run: Any) -> dict | None:
     """The run's lineage record when its bytes are those it logged (None: missing or overwritten)."""
     from registry.runs import artifact_bytes
 
-    raw = artifact_bytes(c, run.info.run_id, LINEAGE_FILE)
+    raw = artifact_bytes(c, run, LINEAGE_FILE)
     if raw is None or hashlib.sha256(raw).hexdigest() != run.data.params.get(SHA_PARAM):
         return None
     return _as_record(raw)

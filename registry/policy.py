@@ -46,6 +46,7 @@ class Evidence:
     lineage_problems: tuple[str, ...] = ()  # lineage records that cannot be read as logged: training data unknown
     contexts: tuple[ClassFigure, ...] | None = None  # per context bucket (None: measured without lengths)
     context_floors: tuple[tuple[str, float], ...] = ()  # the profile's floors per context bucket
+    findings: tuple[str, ...] = ()  # runs that claim to be evidence and are not: ignored, and said
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,6 @@ def reconcile_model(c: Any, name: str, why: str = "reconcile") -> list[str]:
         held = sanction.holder(c, name, alias)
         current = audit.current_alias_version(c, name, alias)
         actions += _findings(c, name, alias, current, held, why)
-        if held.uncertain:  # never move production on a chain nobody can read whole: say so, leave it
-            continue
         lost = f" (sanctioned v{', v'.join(held.deleted)} no longer exist{'s' if len(held.deleted) == 1 else ''})"
         lost = lost if held.deleted else ""
         if held.changed:
@@ -74,8 +72,11 @@ def _findings(c: Any, name: str, alias: str, current: str | None, held: sanction
     lines = [f"sanctioned v{v} of `{alias}` no longer exists" for v in held.deleted]
     lines += [f"the files of sanctioned v{v} of `{alias}` changed since their promotion" for v in held.changed]
     lines += list(held.findings)
-    if held.uncertain:
-        lines.append(f"`{alias}` left at {f'v{current}' if current else 'nothing'}: the chain cannot be read whole")
+    if held.damaged:
+        lines.append(
+            f"`{alias}` held where the newest verifiable sanction puts it "
+            f"({f'v{held.version}' if held.version else 'nothing'}): a newer link may be lost"
+        )
     for line in lines:
         once = f"{name}@{alias}:{line}"[:500]
         if audit.record_once(c, once, name, current or "none", f"guard:finding:{alias}", f"{line}. Found by {why}.",

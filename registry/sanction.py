@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from registry import naming, signing
+from registry import signing
 
 SANCTION_FILE = "sanction.json"
 PARAM = "drafterops.sanction"  # "<model>@<alias>" on the audit run: what finds it (a param nobody can change)
@@ -39,8 +39,10 @@ def model_identity(rm: Any) -> dict[str, Any]:
 
 
 def payload(c: Any, rm: Any, mv: Any | None, alias: str, evidence_run: str, reason: str, terms: str = "",
-            previous: str = "") -> dict[str, Any]:  # fmt: skip
-    """The signed sanction for moving `alias` of `rm` to `mv` (None: clearing it), after `previous`."""
+            previous: str = "", figure: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The signed sanction for moving `alias` of `rm` to `mv` (None: clearing it), after `previous`; `figure`
+    is what the version was promoted on (its accept_len and the profile's digest), which a later candidate
+    must not fall short of even when the version's evaluation runs can no longer be read."""
     return signing.sign(
         {
             "kind": "sanction",
@@ -53,6 +55,7 @@ def payload(c: Any, rm: Any, mv: Any | None, alias: str, evidence_run: str, reas
             "evidence_run": evidence_run,
             "reason": reason,
             "previous": previous,  # the digest of the sanction this one follows ("" for the first)
+            "figure": figure or {},
             "at": time.time(),
         }
     )
@@ -71,41 +74,72 @@ class Holder:
     deleted: tuple[str, ...] = ()  # sanctioned versions, newer in the chain, that no longer exist
     changed: tuple[str, ...] = ()  # newer sanctioned versions whose files changed since their sanction
     head: str = ""  # the digest of the chain's head: what the next sanction names as previous
-    findings: tuple[str, ...] = ()  # runs that claim a sanction and do not hold a valid one, forks
-    uncertain: bool = False  # a sanction file was overwritten or deleted: nobody can say where the head is
+    findings: tuple[str, ...] = ()  # runs that claim a sanction and do not hold a valid one, forks, lost links
+    damaged: bool = False  # a sanction file was overwritten or deleted: held at the newest verifiable head
+    record: dict[str, Any] | None = None  # the holder's own sanction (what it was promoted on)
 
 
 def holder(c: Any, name: str, alias: str, trust: Any = None) -> Holder:
-    """Where the chain of signed sanctions of `alias` for the model now called `name` puts it."""
-    from mlflow.exceptions import MlflowException
-
+    """Where the chain of signed sanctions of `alias` for the model now called `name` puts it: the newest
+    verifiable head, walked back past versions deleted or changed since. A link that cannot be read (its
+    file overwritten or deleted) is a finding; the links around it still hold, so one bad file never leaves
+    an alias unguarded, and the next signed sanction mends the chain."""
     rm = c.get_registered_model(name)
     valid, findings, tampered = _chain_links(c, rm, alias, trust)
-    heads = [d for d in valid if d not in {r.get("previous") for _, r in valid.values()}]
+    named = {r.get("previous") for _, r in valid.values()}
+    heads = [d for d in valid if d not in named]
     if len(heads) > 1:
-        findings.append(f"the chain forks into {len(heads)} heads; the newest signed one is read")
-    head = max(heads, key=lambda d: float(valid[d][1].get("at", 0.0)), default="")
-    deleted, changed, digest, seen = [], [], head, set()
-    while digest in valid and digest not in seen:
+        findings.append(
+            f"the chain reads as {len(heads)} pieces around its unreadable link(s); the newest signed head is held"
+            if tampered else f"the chain forks into {len(heads)} heads; the newest signed one is read"
+        )  # fmt: skip
+    newest = sorted(valid, key=lambda d: _at(valid[d][1]), reverse=True)
+    head = max(heads, key=lambda d: _at(valid[d][1]), default="")
+    deleted, changed, seen = [], [], set()
+    digest = head
+    while digest:
         seen.add(digest)
         run_id, record = valid[digest]
         version = record.get("version")
-        if version is None:  # cleared on purpose (recertify demoted it, say): nothing holds the alias
-            return Holder(None, run_id, tuple(deleted), tuple(changed), head, tuple(findings), bool(tampered))
+        done = _held(c, name, version, record)
+        if done == "cleared":  # cleared on purpose (recertify demoted it, say): nothing holds the alias
+            return Holder(None, run_id, tuple(deleted), tuple(changed), head, tuple(findings), bool(tampered), record)
+        if done == "held":
+            return Holder(str(version), run_id, tuple(deleted), tuple(changed), head, tuple(findings),
+                          bool(tampered), record)  # fmt: skip
+        (deleted if done == "deleted" else changed).append(str(version))
         digest = record.get("previous", "")
-        try:
-            mv = c.get_model_version(name, str(version))
-        except MlflowException:
-            deleted.append(str(version))
-            continue
-        if int(mv.creation_timestamp or 0) != record.get("version_created"):
-            deleted.append(str(version))  # the number was reused by another version
-            continue
-        if record.get("files") != _files_or_none(c, mv):
-            changed.append(str(version))  # what would be served is not what was decided on
-            continue
-        return Holder(str(version), run_id, tuple(deleted), tuple(changed), head, tuple(findings), bool(tampered))
+        if digest not in valid or digest in seen:  # a link lost before it: the newest older one still signed
+            older = [d for d in newest if d not in seen and _at(valid[d][1]) < _at(record)]
+            digest = older[0] if older and digest else ""
     return Holder(None, None, tuple(deleted), tuple(changed), head, tuple(findings), bool(tampered))
+
+
+def _at(record: dict[str, Any]) -> float:
+    value = record.get("at", 0.0)
+    return float(value) if isinstance(value, (int, float)) else 0.0
+
+
+def _held(c: Any, name: str, version: Any, record: dict[str, Any]) -> str:
+    """What one sanction says now: `cleared`, `held` (its version exists, as promoted), `deleted`, `changed`."""
+    from mlflow.exceptions import MlflowException
+
+    if version is None:
+        return "cleared"
+    try:
+        mv = c.get_model_version(name, str(version))
+    except MlflowException:
+        return "deleted"
+    if int(mv.creation_timestamp or 0) != record.get("version_created"):
+        return "deleted"  # the number was reused by another version
+    if record.get("files") != _files_or_none(c, mv):
+        return "changed"  # what would be served is not what was decided on
+    return "held"
+
+
+def links(c: Any, name: str, alias: str, trust: Any = None) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every valid sanction of `alias` for the model now called `name`, by digest: (audit run id, record)."""
+    return _chain_links(c, c.get_registered_model(name), alias, trust)[0]
 
 
 def _files_or_none(c: Any, mv: Any) -> dict[str, str] | None:
@@ -121,22 +155,21 @@ def _files_or_none(c: Any, mv: Any) -> dict[str, str] | None:
 
 def _chain_links(c: Any, rm: Any, alias: str, trust: Any) -> tuple[dict, list[str], list[str]]:
     """Every valid sanction of this model and alias by digest (run id, record); what else claimed to be one."""
-    from registry.runs import runs_with_param
+    from registry.runs import all_experiment_ids, runs_with_param
     from registry.trust import load_trust
 
-    exp = c.get_experiment_by_name(naming.AUDIT_EXPERIMENT)
-    if exp is None:
-        return {}, [], []
+    # every experiment, deleted ones too: the audit experiment renamed or deleted by hand hides no sanction
+    experiments = all_experiment_ids(c)
     identity = model_identity(rm)
     trust = trust or load_trust()
     valid: dict[str, tuple[str, dict]] = {}
     findings, tampered, junk = [], [], 0
-    for run in runs_with_param(c, [exp.experiment_id], PARAM, param_value(rm.name, alias)):
+    for run in runs_with_param(c, experiments, PARAM, param_value(rm.name, alias)):
         logged = run.data.params.get(DIGEST_PARAM)
         if not logged:  # `audit.move_alias` logs it with every sanction: without it, a run made by hand
             junk += 1
             continue
-        raw = read_bytes(c, run.info.run_id)
+        raw = read_bytes(c, run)
         if raw is None or logged != hashlib.sha256(raw).hexdigest():  # deleted or overwritten: a link may be gone
             tampered.append(run.info.run_id)
             what = "is missing" if raw is None else "was overwritten after it was written"
@@ -175,11 +208,11 @@ def _parse(raw: bytes | None) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def read_bytes(c: Any, run_id: str) -> bytes | None:
-    """The sanction file an audit run holds, as stored (None: none readable)."""
+def read_bytes(c: Any, run: Any) -> bytes | None:
+    """The sanction file an audit run (a Run, or its id) holds, as stored (None: none readable)."""
     from registry.runs import artifact_bytes
 
-    return artifact_bytes(c, run_id, SANCTION_FILE)
+    return artifact_bytes(c, run, SANCTION_FILE)
 
 
 def read(c: Any, run_id: str) -> dict[str, Any] | None:

@@ -14,11 +14,16 @@ of drafterops before Ed25519 are refused with a line that says so.
 from __future__ import annotations
 
 import base64
+import calendar
+import contextlib
 import hashlib
 import json
+import math
 import os
 import sys
 import tempfile
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,11 +37,13 @@ ED25519 = "ed25519"
 PUBLIC_PREFIX = "ed25519:"
 KEY_ENV = "DRAFTEROPS_SIGNING_KEY"
 _ANNOUNCED: set[str] = set()
+_USING: list[Key] = []  # keys `signing_with` holds, innermost last
 
 
 def forget_process_state() -> None:
-    """Forget which keys this process announced, as a new process would."""
+    """Forget which keys this process announced and which it was told to sign with, as a new process would."""
     _ANNOUNCED.clear()
+    _USING.clear()
 
 
 def home() -> Path:
@@ -105,10 +112,23 @@ def local_key_path() -> Path:
     return home() / "keys" / "local.key"
 
 
+@contextlib.contextmanager
+def signing_with(key: Key) -> Iterator[Key]:
+    """Within the block, this process signs with `key` (recertify: the evaluator's key for the evaluation it
+    runs, the promoter's, its own signing key, for the sanction)."""
+    _USING.append(key)
+    try:
+        yield key
+    finally:
+        _USING.pop()
+
+
 def load_key(create: bool = True) -> Key:
-    """The key this process signs with: the file `DRAFTEROPS_SIGNING_KEY` names, else the local key (made
-    once, and said so once). A named file that is missing, unreadable as a key, or readable by group or
-    others is refused, never replaced."""
+    """The key this process signs with: the one `signing_with` holds, else the file `DRAFTEROPS_SIGNING_KEY`
+    names, else the local key (made once, and said so once). A named file that is missing, unreadable as a
+    key, or readable by group or others is refused, never replaced."""
+    if _USING:
+        return _USING[-1]
     named = os.environ.get(KEY_ENV)
     if named is not None:
         if not named.strip():
@@ -219,9 +239,18 @@ def verify(payload: dict[str, Any], role: str, trust: Any) -> str | None:
         return "signed with the shared HMAC key of drafterops before Ed25519 keys, which no longer counts " \
                "(re-evaluate, or re-promote, under an Ed25519 key)"  # fmt: skip
     kid = payload.get(KEY_ID)
-    public = trust.public(role, kid)
-    if public is None:
+    found = trust.entry(role, kid)
+    if found is None:
         return trust.refusal(role, kid)
+    name, trusted = found
+    if trusted.retired is not None:
+        when = signed_time(payload)
+        if when is None or when >= trusted.retired:
+            retired = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(trusted.retired))
+            return f"signed by {name} with a key retired on {retired}, " + (
+                "and it carries no time it was signed" if when is None else "after it was retired"
+            )
+    public = trusted.public
     try:
         body = canonical(payload)
         raw = base64.b64decode(sig, validate=True)
@@ -235,3 +264,17 @@ def verify(payload: dict[str, Any], role: str, trust: Any) -> str | None:
     except InvalidSignature:
         return "bad signature (the record was changed after signing)"
     return None
+
+
+def signed_time(payload: dict[str, Any]) -> float | None:
+    """When a record says it was signed (a sanction's `at`, an evaluation's `created`, a calibration's
+    date), in epoch seconds; None when it says nothing that reads as a time."""
+    for key in ("at", "created"):
+        value = payload.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+    date = (payload.get("measured") or {}).get("date") if isinstance(payload.get("measured"), dict) else None
+    try:  # a calibration is dated to the day (UTC): it counts as signed at that day's end
+        return calendar.timegm(time.strptime(str(date), "%Y-%m-%d")) + 86399.0 if date else None
+    except ValueError:
+        return None

@@ -178,9 +178,13 @@ def cache_dir() -> Path:
 
 
 def find_complete_version(c: Any, name: str, sha: str):
+    """A complete version whose weights are these (`sha`): the tag narrows the search, the files decide (a tag
+    edited onto another version finds nothing)."""
     for mv in c.search_model_versions(f"name={naming.quote_filter_value(name)}"):
         if mv.tags.get(naming.TAG_SHA256) == sha and mv.tags.get(naming.TAG_COMPLETE) == "true":
-            return mv
+            folder = local_folder(c, mv) or download_version(f"models:/{mv.name}/{mv.version}").folder
+            if weights_sha256(file_hashes(folder)) == sha:
+                return mv
     return None
 
 
@@ -252,6 +256,11 @@ def version_folder(uri: str) -> tuple[Any, Path]:
     header-only check reads headers only; fetched otherwise."""
     mv = get_version(uri, client())
     return mv, download_version(f"models:/{mv.name}/{mv.version}").folder
+
+
+def locked_locally() -> bool:
+    """Whether `registry_lock` serialises this store's writers (a local SQLite store) or the server does."""
+    return naming.tracking_uri().startswith("sqlite:///")
 
 
 @contextlib.contextmanager

@@ -29,9 +29,11 @@ def rank_label(ranking: Ranking, label: str) -> str:
 
 
 def rows(ranking: Ranking, figures: Figures, break_even: BreakEven, floor: float, min_share: float,
-         incumbent: str | None, evidence: dict[str, str]) -> list[dict[str, object]]:  # fmt: skip
+         incumbent: str | None, evidence: dict[str, str], flags: dict[str, str] | None = None,
+         ) -> list[dict[str, object]]:  # fmt: skip
     """One row per drafter, best first: the mix, the difference to the incumbent, each class's figure and
-    projected speed-up against the class floor (classes under min_share of traffic are not held to it)."""
+    projected speed-up against the class floor (classes under min_share of traffic are not held to it), and
+    why a flagged drafter can never be the winner."""
     out = []
     for label in ranking.order:
         classes, mix = figures[label]
@@ -39,6 +41,7 @@ def rows(ranking: Ranking, figures: Figures, break_even: BreakEven, floor: float
         row: dict[str, object] = {
             "rank": rank_label(ranking, label),
             "drafter": label,
+            "flag": (flags or {}).get(label, ""),
             "accept_len": mix.accept_len,
             "ci_low": mix.ci_low,
             "ci_high": mix.ci_high,
@@ -61,7 +64,7 @@ def rows(ranking: Ranking, figures: Figures, break_even: BreakEven, floor: float
 
 
 def markdown(ranking: Ranking, figures: Figures, break_even: BreakEven, floor: float, min_share: float,
-             incumbent: str | None, evidence: dict[str, str]) -> str:  # fmt: skip
+             incumbent: str | None, evidence: dict[str, str], flags: dict[str, str] | None = None) -> str:  # fmt: skip
     """The ranking table, then the per-class table (figure [95% CI] and speed-up against the floor)."""
     names = [c.name for c in figures[ranking.order[0]][0]]
     inc = incumbent is not None
@@ -74,10 +77,11 @@ def markdown(ranking: Ranking, figures: Figures, break_even: BreakEven, floor: f
         + " evidence |",
         "|---|---|---|---|---|" + ("---|" if inc else "") + "---|",
     ]
-    for row in rows(ranking, figures, break_even, floor, min_share, incumbent, evidence):
+    for row in rows(ranking, figures, break_even, floor, min_share, incumbent, evidence, flags):
         label = row["drafter"]
         own = "" if shared is not None else f" ({row['break_even']:.2f})"
-        cells = [str(row["rank"]), f"{label}" + (" (incumbent)" if label == incumbent else ""),
+        flag = f" **flagged: {row['flag']}**" if row["flag"] else ""
+        cells = [str(row["rank"]), f"{label}" + (" (incumbent)" if label == incumbent else "") + flag,
                  f"{row['accept_len']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]",
                  f"{row['projected_speedup']:.2f}x", str(row["beats_break_even"]) + own]  # fmt: skip
         if inc:
@@ -115,13 +119,28 @@ def pairs_markdown(ranking: Ranking) -> str:
     return "\n".join(lines)
 
 
-def verdict(ranking: Ranking, figures: Figures, break_even: BreakEven, profile: str, incumbent: str | None) -> str:
-    """The first sentence of the run's description: who ranks first, against break-even and the incumbent."""
-    top = ranking.order[0]
+def verdict(ranking: Ranking, figures: Figures, break_even: BreakEven, profile: str, incumbent: str | None,
+            flags: dict[str, str] | None = None) -> str:  # fmt: skip
+    """The first sentence of the run's description: who ranks first, against break-even and the incumbent; a
+    flagged drafter (trained on the pinned prompts, say) is said as such and never named the winner."""
+    flags = flags or {}
+    above = []
+    for label in ranking.order:
+        if label not in flags:
+            break
+        above.append(f"**{label} is flagged ({flags[label]}): its figure cannot make it the winner.**")
+    else:
+        return " ".join(above) + " Every candidate is flagged: no winner."
+    return " ".join([*above, _winner(ranking, figures, break_even, profile, incumbent, label)])
+
+
+def _winner(ranking: Ranking, figures: Figures, break_even: BreakEven, profile: str, incumbent: str | None,
+            top: str) -> str:  # fmt: skip
     mix = figures[top][1]
     tied = ranking.tied_with(top)
     be = be_of(break_even, top)
-    head = f"**{top} ranks first on {profile}'s traffic mix**: accept_len {mix.accept_len:.3f} [{mix.ci_low:.3f}, " \
+    first = "ranks first" if top == ranking.order[0] else "is the first unflagged"
+    head = f"**{top} {first} on {profile}'s traffic mix**: accept_len {mix.accept_len:.3f} [{mix.ci_low:.3f}, " \
            f"{mix.ci_high:.3f}]"  # fmt: skip
     if mix.ci_low > be:
         head += f", above its break-even {be:.2f} with the whole interval"

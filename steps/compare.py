@@ -16,7 +16,7 @@ import json
 import re
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,7 @@ class Staged:
 @dataclass
 class Candidate:
     arg: str  # as given
-    sha: str  # the weights' digest: the same weights named twice are one candidate
+    sha: str  # its identity by content (registry.identity): the same drafter named twice is one candidate
     mv: Any = None  # the registered version (after import, for a folder or hub id)
     staged: Staged | None = None
     record: Any = None  # the evidence record it is ranked on
@@ -60,6 +60,7 @@ class Candidate:
     gate: str = ""
     incumbent: bool = False  # production's holder (named, or added to be compared with)
     named: bool = False  # its label names the registered model too (candidates of several models)
+    flag: str = ""  # why it can never be the winner (trained on the pinned prompts, lineage unknown)
 
     @property
     def label(self) -> str:
@@ -87,9 +88,10 @@ def run(args: argparse.Namespace) -> int:
         with step_run("compare", run_name=f"compare {len(request.candidates)} drafters @ {request.profile.name}"):
             log_params({"candidates": args.candidates, "profile": request.profile.name, "engine": request.engine,
                         "promote": "yes" if request.promote else "no"})  # fmt: skip
-            register(request)
-            gated = gate(request)
+            gated = gate(request)  # from headers, before anything is registered: a failure leaves no version
+            register(request, gated)
             measure(c, request, gated)
+            flag_contaminated(c, request, gated)
             outcome = decide(c, request, gated)
             outcome.seconds = time.perf_counter() - t0
             publish(request, gated, outcome)
@@ -124,7 +126,7 @@ def parse(args: argparse.Namespace, c: Any, tmp: Path) -> Request:
     same: dict[str, str] = {}
     for cand in candidates:
         if cand.sha in same:
-            raise BadInput(f"--candidates: {same[cand.sha]} and {cand.arg} are the same weights")
+            raise BadInput(f"--candidates: {same[cand.sha]} and {cand.arg} are the same weights and config")
         same[cand.sha] = cand.arg
     candidates += incumbents(c, candidates, dep.target)
     promote = args.promote == "yes"
@@ -142,24 +144,23 @@ def parse(args: argparse.Namespace, c: Any, tmp: Path) -> Request:
 
 def find(c: Any, name: str, target: str, tmp: Path) -> Candidate:
     """A registry URI as the version it names; a folder or hub id read as import_drafter reads it (layout,
-    headers against the config), matched to a registered version of the same weights when there is one."""
+    headers against the config), matched to a registered version by content (the values of its tensors and its
+    config, registry.identity), never by a tag."""
     from registry import naming, store
+    from registry.identity import content_identity, find_by_content, version_identity
 
     if name.startswith("models:/"):
         mv = store.get_version(name, c)
-        return Candidate(name, mv.tags.get(naming.TAG_SHA256) or f"{mv.name}/{mv.version}", mv)
+        return Candidate(name, version_identity(c, mv), mv)
     from steps import import_drafter
 
     folder, source_tag, commit = import_drafter.fetch(name, None)
     folder, converted = import_drafter.project_layout(folder, tmp, False)
     header = import_drafter.checked_header(folder)
-    sha = store.weights_sha256(store.file_hashes(folder))
-    mv = next(
-        (found for model in (import_name(name), naming.model_name_for(target))
-         if (found := store.find_complete_version(c, model, sha)) is not None),
-        None,
-    )  # fmt: skip
-    return Candidate(name, sha, mv, None if mv is not None else Staged(folder, header, converted, source_tag, commit))
+    identity = content_identity(folder)
+    mv = find_by_content(c, [import_name(name), naming.model_name_for(target)], identity)
+    return Candidate(name, identity, mv, None if mv is not None else Staged(folder, header, converted, source_tag,
+                                                                              commit))  # fmt: skip
 
 
 def import_name(source: str) -> str:
@@ -171,13 +172,13 @@ def import_name(source: str) -> str:
     return naming.check_name(base.strip(".")[:128] or "drafter", "candidate")
 
 
-def register(request: Request) -> None:
-    """Import each staged candidate with import_drafter's own registration (a nested run, alias `imported`),
-    under its own model name (import_name)."""
+def register(request: Request, gated: list[Candidate]) -> None:
+    """Import each staged candidate that passed the gate with import_drafter's own registration (a nested run,
+    alias `imported`), under its own model name (import_name), then record its gate on the new version."""
     from registry import store
     from steps import import_drafter
 
-    for cand in request.candidates:
+    for cand in gated:
         if cand.staged is None:
             continue
         s = cand.staged
@@ -188,8 +189,9 @@ def register(request: Request) -> None:
         done = import_drafter.register(args, s.folder, s.header, s.converted, s.source_tag, s.commit)
         cand.mv = store.client().get_model_version(done.name, done.version)
         print(f"compare: {cand.arg} imported as models:/{done.name}/{done.version}")
-    several = len({cand.mv.name for cand in request.candidates}) > 1
-    for cand in request.candidates:
+        shape_gate_of(cand, request, f"models:/{done.name}/{done.version}", publish=True)
+    several = len({cand.mv.name for cand in gated}) > 1
+    for cand in gated:
         cand.named = several
 
 
@@ -221,26 +223,55 @@ def incumbents(c: Any, candidates: list[Candidate], target: str) -> list[Candida
 
 
 def gate(request: Request) -> list[Candidate]:
-    """Every candidate through the shape gate against the profile's target (its own run and version tags);
-    the ones that fail leave the bake-off, said on the terminal."""
-    from steps import shape_gate
-
+    """Every candidate through the shape gate against the profile's target, from headers: a registered one on
+    its version (its run and version tags), a folder or hub id on its staged files, before anything is
+    registered (a candidate that fails leaves no version behind). The ones that fail leave the bake-off, said
+    on the terminal."""
     passed = []
     for cand in request.candidates:
-        uri = f"models:/{cand.mv.name}/{cand.mv.version}"
-        args = shape_gate.build().parse_args(["--model", uri, "--target", request.dep.target])
-        remember_asked(args)
-        result = shape_gate.measure(args)
-        shape_gate.publish(args, result, " (bake-off)")
-        cand.gate = result.result
+        staged = cand.staged is not None
+        where = str(cand.staged.folder) if staged else f"models:/{cand.mv.name}/{cand.mv.version}"
+        result = shape_gate_of(cand, request, where, publish=not staged)
         if result.ok:
             passed.append(cand)
         else:
-            print(f"compare: {cand.arg} ({cand.label}) fails the shape gate against {request.dep.target}: "
-                  f"{result.lines[-1]}; left out")  # fmt: skip
+            label = cand.arg if staged else f"{cand.arg} ({cand.label})"
+            print(f"compare: {label} fails the shape gate against {request.dep.target}: {result.lines[-1]}; left out"
+                  + (" (not registered)" if staged else ""))  # fmt: skip
     if not passed:
         raise GateRefused(f"no candidate passes the shape gate against {request.dep.target}")
     return passed
+
+
+def shape_gate_of(cand: Candidate, request: Request, where: str, publish: bool) -> Any:
+    """The shape gate of one candidate (`where`: its registry URI or staged folder); its run and, for a version,
+    its tags when `publish`."""
+    from steps import shape_gate
+
+    args = shape_gate.build().parse_args(["--model", where, "--target", request.dep.target])
+    remember_asked(args)
+    result = shape_gate.measure(args)
+    if publish:
+        shape_gate.publish(args, result, " (bake-off)")
+    cand.gate = result.result
+    return result
+
+
+def flag_contaminated(c: Any, request: Request, gated: list[Candidate]) -> None:
+    """A candidate whose lineage (registry.lineage: its runs, its weights by value, near-copies) or whose record
+    says it was trained on pinned prompts, or whose lineage cannot be read, is flagged: ranked and shown, never
+    the winner (promote would refuse it: its figure measures memory)."""
+    from registry.evidence import pinned_keys
+    from registry.lineage import lineage, overlap
+
+    pinned = pinned_keys(request.profile)
+    for cand in gated:
+        known = lineage(c, cand.mv)
+        spots = overlap(known.keys | set(cand.record.trained_on), pinned)
+        if spots:
+            cand.flag = "trained on pinned prompts: " + ", ".join(f"{n} of class {k}" for k, n in spots.items())
+        elif known.problems:
+            cand.flag = f"its training data cannot be known ({known.problems[0]})"
 
 
 def measure(c: Any, request: Request, gated: list[Candidate]) -> None:
@@ -278,6 +309,8 @@ class Outcome:
     run_id: str = ""
     promotion: str = ""
     seconds: float = 0.0
+    winner: str | None = None  # the first in the ranking that is not flagged
+    flags: dict[str, str] = field(default_factory=dict)  # label -> why it can never be the winner
 
 
 def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
@@ -305,10 +338,14 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
     figures = {label: class_figures(parts, be[label]) for label, parts in counts.items()}
     incumbent = next((cand.label for cand in gated if cand.incumbent), None)
     evidence = {cand.label: f"{'evaluated' if cand.evaluated else 'reused'} {cand.record.run_id[:8]}" for cand in gated}
-    verdict = report.verdict(ranking, figures, be, profile.name, incumbent)
+    flags = {cand.label: cand.flag for cand in gated if cand.flag}
+    winner = next((label for label in ranking.order if label not in flags), None)  # a flagged one never is
+    verdict = report.verdict(ranking, figures, be, profile.name, incumbent, flags)
     code, final, promotion = 0, "ranked; nothing promoted (no --promote)", ""
-    if request.promote:
-        winner = ranking.order[0]
+    if request.promote and winner is None:
+        code, promotion = 1, "not promoted: every candidate is flagged"
+        final = promotion
+    elif request.promote:
         versus = ranking.between(winner, incumbent) if incumbent not in (None, winner) else None
         check = may_promote(winner, incumbent, versus)
         if check.allowed:
@@ -328,12 +365,13 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
     text = "\n".join([
         verdict, "", f"## compare on {profile.name} ({request.engine}, k={profile.draft_steps})", "", who,
         *(["", "Left out:", *left_out] if left_out else []), "",
-        report.markdown(ranking, figures, be, floor, share, incumbent, evidence), "",
+        report.markdown(ranking, figures, be, floor, share, incumbent, evidence, flags), "",
         *([said for said in pricing if said] + [""] if any(pricing) else []),
         "Every pair (paired: the same prompts resampled for both; unpaired: each resampled on its own):", "",
         report.pairs_markdown(ranking), "", f"The child evaluations side by side: {link}",
     ])  # fmt: skip
-    return Outcome(ranking, figures, be, incumbent, text, verdict, final, code, link, run.run_id, promotion)
+    return Outcome(ranking, figures, be, incumbent, text, verdict, final, code, link, run.run_id, promotion,
+                   winner=winner, flags=flags)  # fmt: skip
 
 
 def promote_winner(cand: Candidate, request: Request) -> int:
@@ -365,7 +403,7 @@ def publish(request: Request, gated: list[Candidate], o: Outcome) -> None:
     mlflow.set_tag("mlflow.note.content", o.text)
     mlflow.log_text(o.text + "\n", "compare.md")
     rows = report.rows(ranking, o.figures, o.break_even, profile.class_floor, profile.min_share, o.incumbent,
-                       {cand.label: cand.record.run_id for cand in gated})  # fmt: skip
+                       {cand.label: cand.record.run_id for cand in gated}, o.flags)  # fmt: skip
     mlflow.log_table(pd.DataFrame(rows), artifact_file="ranking.json")
     pairs = [{"a": a, "b": b, "difference": d.estimate, "paired_low": d.low, "paired_high": d.high,
               "unpaired_low": d.unpaired_low, "unpaired_high": d.unpaired_high, "paired_narrower": d.narrower,
@@ -374,8 +412,10 @@ def publish(request: Request, gated: list[Candidate], o: Outcome) -> None:
         mlflow.log_table(pd.DataFrame(pairs), artifact_file="pairs.json")
     log_figure(report.figure(ranking, o.figures, o.break_even, profile.class_floor, profile.draft_steps,
                              f"bake-off on {profile.name}"), "compare.png")  # fmt: skip
-    top = ranking.order[0]
-    mlflow.set_tags({"compare.winner": top, "compare.compare_runs": o.compare_link,
+    top = o.winner or ranking.order[0]
+    mlflow.set_tags({"compare.winner": o.winner or "none (every candidate is flagged)",
+                     "compare.compare_runs": o.compare_link,
+                     "compare.flagged": ",".join(o.flags) or "none",
                      "compare.evaluated": ",".join(x.label for x in gated if x.evaluated) or "none",
                      "compare.reused": ",".join(x.label for x in gated if not x.evaluated) or "none",
                      "compare.outcome": o.final[:4000]})  # fmt: skip

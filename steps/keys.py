@@ -6,6 +6,7 @@ its public line goes into the team's trust file (docs/promotion.md#keys-and-trus
     python -m steps.keys new alice --out /secure/alice.key
     python -m steps.keys show                   # the key this process signs with (DRAFTEROPS_SIGNING_KEY)
     python -m steps.keys show /secure/alice.key
+    python -m steps.keys retire alice           # in the trust file: alice's key retired now (what it signed stays)
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def build() -> argparse.ArgumentParser:
     new.add_argument("--out", default="", help="where to write it (default: $DRAFTEROPS_HOME/keys/NAME.key)")
     show = sub.add_parser("show", help="print a key's id and public line")
     show.add_argument("path", nargs="?", default="", help="a private key file (default: the signing key)")
+    retire = sub.add_parser("retire", help="retire a key in the trust file: what it signed before stays valid")
+    retire.add_argument("name", help="the name the trust file lists the key under (in every role that lists it)")
+    retire.add_argument("--at", default="", help="when (ISO 8601; default: now)")
     return p
 
 
@@ -46,8 +50,49 @@ def run(args: argparse.Namespace) -> int:
         print(f"its public line, for the trust file's trusted_evaluators or trusted_promoters:\n  {args.name}: "
               f"{key.public_text}")  # fmt: skip
         return 0
+    if args.command == "retire":
+        return retire(args.name, args.at)
     key = signing.Key(signing.read_private(Path(args.path)), args.path) if args.path else signing.load_key()
     print(f"{key.origin}: key id {key.id}\n  {key.public_text}")
+    return 0
+
+
+def retire(name: str, at: str) -> int:
+    """Rewrite `name: ed25519:...` as `name: {key: ..., retired: ...}` in the trust file, comments and all other
+    lines as they were; the result is read back as a trust file before it replaces the old one."""
+    import datetime as dt
+    import os
+    import re
+    import tempfile
+
+    from registry.trust import load_trust, trust_path
+
+    path = trust_path()
+    if path is None:
+        raise BadInput(
+            f"no trust file ({'DRAFTEROPS_TRUST_FILE'} or {signing.home() / 'trust.yaml'}) to retire a key in"
+        )
+    when = at or dt.datetime.now(dt.timezone.utc).isoformat()
+    line = re.compile(rf"^(\s+){re.escape(name)}:\s*(ed25519:[A-Za-z0-9+/=]+)\s*(#.*)?$")
+    text = path.read_text().splitlines(keepends=True)
+    changed = [i for i, row in enumerate(text) if line.match(row.rstrip("\n"))]
+    if not changed:
+        raise BadInput(f"{path}: no key in service is listed as {name!r} (a retired one already carries its date)")
+    for i in changed:
+        m = line.match(text[i].rstrip("\n"))
+        text[i] = f'{m[1]}{name}: {{key: "{m[2]}", retired: "{when}"}}' + (f"  {m[3]}" if m[3] else "") + "\n"
+    fd, staged = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as fh:
+        fh.write("".join(text))
+    os.chmod(staged, path.stat().st_mode & 0o777)
+    saved = path.read_text()
+    os.replace(staged, path)
+    try:
+        load_trust()  # what was written reads as a trust file, or the old one goes back
+    except BadInput:
+        path.write_text(saved)
+        raise
+    print(f"{path}: {name}'s key retired at {when} in {len(changed)} list(s); what it signed before stays valid")
     return 0
 
 

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from common.errors import BadInput
+from common.errors import BadInput, InternalError
 from serving.profile import load_profile
 from steps._cli import log_params, parser, run_step, step_run
 from steps._inputs import number
@@ -38,17 +38,36 @@ class Judgement:
         return "\n".join(self.lines)
 
 
+ROUNDS = 20  # decisions taken again after losing the chain's next link to another promote, at most
+
+
 def run(args: argparse.Namespace) -> int:
-    from registry import store
+    from common import failpoints
+    from registry import sanction, store, succession
 
     profile, margin = parse(args)
     require_promoter_key()
     c = store.client()
-    with store.registry_lock():  # nothing moves between the evidence read and the alias move
-        judgement = judge(c, args, profile, margin)
-        print(judgement.text)
-        publish(c, args, profile, margin, judgement)
-    return 0 if judgement.decision.allowed else 1
+    moved: list[str] = []
+    for _ in range(ROUNDS):
+        with store.registry_lock():  # one local store: nothing else moves between the read and the move
+            judgement = judge(c, args, profile, margin, moved)
+            failpoints.hit("promote:judged")
+            if not judgement.decision.allowed:
+                print(judgement.text)
+                publish(c, args, profile, margin, judgement)
+                return 1
+            name = judgement.mv.name
+            try:  # a shared server: the compare-and-set on the chain's head decides who writes the next link
+                with succession.next_link(c, name, args.stage, judgement.head,
+                                          lambda n=name: sanction.holder(c, n, args.stage).head) as claim:  # fmt: skip
+                    failpoints.hit("promote:claimed")
+                    print(judgement.text)
+                    publish(c, args, profile, margin, judgement, claim)
+                    return 0
+            except succession.Lost as lost:
+                moved.append(f"{lost}; decided again against its new head")
+    raise InternalError(f"the chain of {args.stage} kept moving under {ROUNDS} decisions in a row; try again")
 
 
 def parse(args: argparse.Namespace) -> tuple[Any, float]:
@@ -69,8 +88,9 @@ def require_promoter_key() -> None:
         raise BadInput(f"{key.origin}: signing key {key.id} is not a trusted promoter ({trust.origin})")
 
 
-def judge(c: Any, args: argparse.Namespace, profile: Any, margin: float) -> Judgement:
-    """The candidate's and the incumbent's evidence recomputed from their records, and the rule applied."""
+def judge(c: Any, args: argparse.Namespace, profile: Any, margin: float, moved: list[str] = ()) -> Judgement:
+    """The candidate's and the incumbent's evidence recomputed from their records, and the rule applied;
+    `moved`: why this decision is taken again (another promote wrote the chain's next link first)."""
     from registry import audit, evidence, policy, reconcile, sanction, store
     from registry.deployment import check_target, deployment
 
@@ -83,7 +103,7 @@ def judge(c: Any, args: argparse.Namespace, profile: Any, margin: float) -> Judg
     held = sanction.holder(c, mv.name, args.stage)  # the chain's holder, not the live alias (which anyone moves)
     if held.version is not None:
         cur = c.get_model_version(mv.name, held.version)
-        incumbent = candidate if str(cur.version) == str(mv.version) else evidence.recompute(c, cur, profile, dep)
+        incumbent = candidate if str(cur.version) == str(mv.version) else holder_evidence(c, cur, held, profile, dep)
     live = audit.current_alias_version(c, mv.name, args.stage)
     if live != held.version:
         note = f"the {args.stage} alias points at {f'v{live}' if live else 'nothing'}; the sanctioned holder is " \
@@ -97,11 +117,37 @@ def judge(c: Any, args: argparse.Namespace, profile: Any, margin: float) -> Judg
         lines.append(f"\nserve at: {depth} (evaluated at k={profile.draft_steps}; another depth is another deployment)")
     if note:
         lines.append(f"\nnote: {note}")
+    lines += [f"\nnote: {why}" for why in moved]
+    seen = [*candidate.findings, *(incumbent.findings if incumbent is not None and incumbent is not candidate else ())]
+    lines += [f"\nfinding: {line}" for line in [*held.findings, *seen]]
     lines.append(f"\npromote: {decision.summary()}")
     return Judgement(mv, candidate, decision, depth, lines, held.head)
 
 
-def publish(c: Any, args: argparse.Namespace, profile: Any, margin: float, j: Judgement) -> None:
+def holder_evidence(c: Any, mv: Any, held: Any, profile: Any, dep: Any) -> Any:
+    """The holder's figure a candidate must not fall short of: its standing records (runs that are not evidence,
+    or that can no longer be read, are findings and never freeze production on it); with none, the figure its
+    sanction signed under this very profile; with neither, when a record of it was lost, no comparison at all
+    passes for one (re-evaluate the holder)."""
+    from dataclasses import replace
+
+    from registry import evidence
+
+    ev = evidence.recompute(c, mv, profile, dep, holder=True)
+    if ev.accept_len is not None:
+        return ev
+    figure = (held.record or {}).get("figure") or {}
+    signed = figure.get("accept_len")
+    if figure.get("profile_digest") == profile.digest and isinstance(signed, (int, float)) and signed == signed:
+        return replace(ev, accept_len=float(signed), note="the figure its sanction signed")
+    if any("not usable evidence" in line for line in ev.findings):
+        lost = f"its evaluation on {profile.name} can no longer be read, and its sanction signs no figure under " \
+               "this profile: re-evaluate it"  # fmt: skip
+        return replace(ev, unusable=True, note=lost)
+    return ev
+
+
+def publish(c: Any, args: argparse.Namespace, profile: Any, margin: float, j: Judgement, claim: Any = None) -> None:
     """The run, the audit line, the version's tag and page; the alias moves last, after every record."""
     import mlflow
 
@@ -136,7 +182,9 @@ def publish(c: Any, args: argparse.Namespace, profile: Any, margin: float, j: Ju
         if decision.allowed:  # the alias moves last, after every check and record
             audit.move_alias(c, mv.name, args.stage, mv.version, decision.summary(), by_promote=True,
                              evidence_run=decision.evidence_run or "", terms=f"{profile.name} "
-                             f"{profile.digest[:16]}, margin {margin:g}", head=j.head)  # fmt: skip
+                             f"{profile.digest[:16]}, margin {margin:g}", claim=claim,
+                             figure={"accept_len": j.candidate.accept_len,
+                                     "profile_digest": profile.digest})  # fmt: skip
         describe.refresh_model_page(c, mv.name, f"v{mv.version} -> {args.stage}: {decision.summary()}")
 
 

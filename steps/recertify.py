@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from common.errors import BadInput
@@ -27,6 +28,12 @@ def build() -> argparse.ArgumentParser:
     p.add_argument("--engine", default="in-process", choices=["in-process", "vllm", "sglang"])
     p.add_argument("--tolerance", default="0.02", help="paired accept_len change kept without a new decision")
     p.add_argument("--always", action="store_true", help="measure again even when no condition moved")
+    p.add_argument(
+        "--evaluator_key",
+        default="none",
+        help="the key file the new evaluation is signed with (a "
+        "trusted evaluator's; default: the signing key, which signs a demotion as a trusted promoter)",
+    )
     return p
 
 
@@ -39,6 +46,7 @@ class Request:
     engine: str
     tolerance: float
     always: bool
+    evaluator: Any  # the key the new evaluation is signed with (registry.signing.Key)
 
 
 @dataclass
@@ -47,6 +55,7 @@ class Outcome:
     action: str  # unchanged, keep, warn or demote
     lines: list[str]
     evidence_run: str = ""
+    head: str = ""  # the chain's head the decision read: a demotion's sanction follows it
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,25 +70,39 @@ def run(args: argparse.Namespace) -> int:
         publish(c, request, outcome)
     print("\n".join([f"recertify {request.name} {request.stage} on {request.profile.name}:", *outcome.lines,
                      f"recertify: {outcome.action}"]))  # fmt: skip
-    return 1 if outcome.action == "demote" else 0
+    return 1 if outcome.action == "demote" else 0  # superseded: nothing moved, and it says so
 
 
 def parse(args: argparse.Namespace) -> Request:
-    from registry import naming
+    """The arguments checked, the model found and both keys in their roles, before anything is measured: the
+    evaluator's key signs the new record, the promoter's (the signing key) a demotion. One person holding both
+    roles passes one key; a team passes the evaluator's with --evaluator_key."""
+    from mlflow.exceptions import MlflowException
+
+    from registry import naming, signing, store
+    from steps._cli import none_if_empty
     from steps.evaluate import require_evaluator_key
     from steps.promote import require_promoter_key
 
     naming.check_name(args.model, "--model")
     profile = load_profile(args.profile)
     tolerance = number(args.tolerance, "tolerance", 0, 1, "between 0 and 1 (relative)")
-    require_evaluator_key(profile)  # it measures
+    named = none_if_empty(args.evaluator_key)
+    evaluator = signing.Key(signing.read_private(Path(named)), named) if named else signing.load_key()
+    with signing.signing_with(evaluator):
+        require_evaluator_key(profile)  # it measures
     require_promoter_key()  # and may move the alias
-    return Request(args.model, args.profile, profile, args.stage, args.engine, tolerance, args.always)
+    c = store.client()
+    try:
+        c.get_registered_model(args.model)
+    except MlflowException:
+        raise BadInput(f"--model {args.model}: no such registered model in {c.tracking_uri}") from None
+    return Request(args.model, args.profile, profile, args.stage, args.engine, tolerance, args.always, evaluator)
 
 
 def measure(c: Any, r: Request) -> Outcome:
     """The holder, what moved since its evidence, and (when something did) its evidence measured again."""
-    from registry import evidence, policy, sanction, store
+    from registry import evidence, policy, sanction, signing, store
     from registry.deployment import check_target, deployment
     from registry.recertify import compare, verdict
 
@@ -95,11 +118,16 @@ def measure(c: Any, r: Request) -> Outcome:
     if not moved and not r.always:
         return Outcome(held.version, "unchanged", [f"v{held.version}: its evidence still matches today's conditions"])
     lines = [f"v{held.version}: " + ("; ".join(moved) if moved else "measured again (--always)")]
-    evaluate_again(r, mv, dep.target)
-    new = max(evidence.records_for(c, r.name, held.version, dep.trust).records, key=lambda rec: rec.created)
-    decision = policy.decide(evidence.recompute(c, mv, r.profile, dep), r.stage, dep.target or None)
+    before = {rec.run_id for rec in evidence.records_for(c, r.name, held.version, dep.trust).records}
+    with signing.signing_with(r.evaluator):
+        evaluate_again(r, mv, dep.target)
+    made = [rec for rec in evidence.records_for(c, r.name, held.version, dep.trust).records if rec.run_id not in before]
+    new = max(made, key=lambda rec: rec.created)
+    now = evidence.recompute(c, mv, r.profile, dep, decide_on=new.run_id)  # the record just measured decides
+    decision = policy.decide(now, r.stage, dep.target or None)
     said = verdict(compare(recorded, new, r.tolerance) if recorded else None, decision)
-    return Outcome(held.version, said.action, lines + said.lines, new.run_id)
+    found = [f"finding: {line}" for line in [*held.findings, *now.findings]]
+    return Outcome(held.version, said.action, lines + found + said.lines, new.run_id, held.head)
 
 
 def recorded_evidence(c: Any, held: Any, r: Request) -> Any:
@@ -150,7 +178,26 @@ def evaluate_again(r: Request, mv: Any, target: str) -> None:
 
 
 def publish(c: Any, r: Request, o: Outcome) -> None:
-    """The run and the audit line; a demotion clears the alias with a signed sanction, last."""
+    """The run and the audit line; a demotion clears the alias with a signed sanction, last, after claiming the
+    chain's next link with the same compare-and-set as promote's (a demotion never forks the chain)."""
+    from registry import audit, sanction, succession
+
+    if o.action == "demote":
+        try:
+            with succession.next_link(c, r.name, r.stage, o.head,
+                                      lambda: sanction.holder(c, r.name, r.stage).head) as claim:  # fmt: skip
+                record(c, r, o)
+                audit.move_alias(c, r.name, r.stage, None, f"recertify: {o.lines[-1]}", by_promote=True,
+                                 evidence_run=o.evidence_run, terms=f"{r.profile.name} {r.profile.digest[:16]}",
+                                 claim=claim)  # fmt: skip
+                return
+        except succession.Lost:
+            o.action = "superseded"
+            o.lines.append(f"not demoted: {r.stage} was moved by another decision meanwhile; run recertify again")
+    record(c, r, o)
+
+
+def record(c: Any, r: Request, o: Outcome) -> None:
     import mlflow
 
     from registry import audit
@@ -161,9 +208,6 @@ def publish(c: Any, r: Request, o: Outcome) -> None:
     mlflow.set_tag("mlflow.note.content", "\n\n".join(o.lines))
     audit.record(c, r.name, o.version, f"recertify:{r.stage}:{o.action}", "\n".join(o.lines),
                  summary=o.lines[-1], profile=r.profile.name, evidence_run=o.evidence_run)  # fmt: skip
-    if o.action == "demote":
-        audit.move_alias(c, r.name, r.stage, None, f"recertify: {o.lines[-1]}", by_promote=True,
-                         evidence_run=o.evidence_run, terms=f"{r.profile.name} {r.profile.digest[:16]}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

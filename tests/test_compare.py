@@ -165,3 +165,94 @@ def test_compare_ranks_real_drafters_paired_reuses_evidence_and_promotes_through
                    here=True)  # fmt: skip
     one_line_exit_2(bad, f"models:/{NAME}/99")
     assert {str(mv.version) for mv in c.search_model_versions(f"name='{NAME}'")} == versions
+
+
+def _variant(dst: Path, aux: list[int] | None = None, junk: bool = False) -> Path:
+    """The flagship's folder with other aux layer ids, or with random weights of its shapes (a junk drafter)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(FLAGSHIP, dst)
+    if aux is not None:
+        config = json.loads((dst / "config.json").read_text())
+        config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = aux
+        (dst / "config.json").write_text(json.dumps(config, indent=2))
+    if junk:
+        g = torch.Generator().manual_seed(0)
+        for path in dst.glob("*.safetensors"):
+            tensors = load_file(path)
+            save_file({k: (torch.randn(v.shape, generator=g) * 0.02).to(v.dtype) if v.is_floating_point() else v
+                       for k, v in tensors.items()}, path)  # fmt: skip
+    return dst
+
+
+@pytest.fixture(scope="module")
+def bakeoff_store(tmp_path_factory):
+    """The flagship imported as v1 of k2.5-mini-eagle3 and a junk drafter of its shapes as v2, both gated; the bake
+    profile (two classes of the mini world's workload) beside them."""
+    tmp = tmp_path_factory.mktemp("bakeoff")
+    target = str(MINIWORLD / "k2.5-mini")
+    for source in (FLAGSHIP, str(_variant(tmp / "junk", junk=True))):
+        res = run_step("import_drafter", ["--source", source, "--target", target, "--name", NAME], tmp, here=True)
+        assert res.returncode == 0, res.stderr[-2000:]
+    for version in ("1", "2"):
+        res = run_step("shape_gate", ["--model", f"models:/{NAME}/{version}", "--target", target], tmp, here=True)
+        assert res.returncode == 0, res.stderr[-2000:]
+    return tmp, _bake_profile(tmp)
+
+
+def test_a_folder_candidate_is_found_by_its_content_never_by_a_tag(bakeoff_store, tmp_path):
+    """v1's sha256 tag edited and the junk v2 given the flagship's: the flagship's folder is still v1 (by the values
+    of its tensors and its config), and the flagship's weights with other aux layer ids are no registered version
+    (staged for import as a drafter of their own, v1's evidence not reused for them)."""
+    from steps.compare import find
+
+    tmp, _ = bakeoff_store
+    c = _client(tmp)
+    target = str(MINIWORLD / "k2.5-mini")
+    flagship_sha, junk_sha = (c.get_model_version(NAME, v).tags["sha256"] for v in ("1", "2"))
+    c.set_model_version_tag(NAME, "1", "sha256", "0" * 64)
+    c.set_model_version_tag(NAME, "2", "sha256", flagship_sha)
+    try:
+        found = find(c, FLAGSHIP, target, tmp_path / "a")
+        assert found.mv is not None and str(found.mv.version) == "1"
+        other = find(c, str(_variant(tmp_path / "aux-135", aux=[1, 3, 5])), target, tmp_path / "b")
+        assert other.mv is None and other.staged is not None and other.sha != found.sha
+    finally:
+        c.set_model_version_tag(NAME, "1", "sha256", flagship_sha)
+        c.set_model_version_tag(NAME, "2", "sha256", junk_sha)
+
+
+def test_a_candidate_that_fails_the_gate_is_never_registered(tmp_path):
+    """The flagship with an aux layer past the target's six layers: the gate, read from headers before anything is
+    registered, leaves it out (exit 1, no candidate passes) and no registered model or version is left behind."""
+    bad = _variant(tmp_path / "aux-out-of-range", aux=[1, 3, 9])
+    res = run_step(
+        "compare", ["--candidates", str(bad), "--profile", str(_bake_profile(tmp_path))], tmp_path, here=True
+    )
+    assert res.returncode == 1 and "fails the shape gate" in res.stdout and "(not registered)" in res.stdout, res.stdout
+    assert _client(tmp_path).search_registered_models() == []
+
+
+def test_a_drafter_trained_on_the_pinned_prompts_is_flagged_and_never_the_winner(bakeoff_store):
+    """v2 with a record far above v1's and a lineage run saying it was trained on the pinned code prompts: it is
+    ranked (its figure shown) but flagged in the table and the verdict, and the winner is v1; --promote hands v1,
+    not v2, to the promotion rule."""
+    from registry.evidence import pinned_keys
+    from serving.profile import load_profile
+    from tests.helpers.evidence import forge_record, plant_lineage
+
+    tmp, profile = bakeoff_store
+    c = _client(tmp)
+    forge_record(c, NAME, "1", profile, lambda _cls, keys: [(2, 1)] * len(keys))
+    forge_record(c, NAME, "2", profile, lambda _cls, keys: [(3, 1)] * len(keys))
+    folder = Path(c.get_model_version_download_uri(NAME, "2").removeprefix("file://"))
+    plant_lineage(c, folder, pinned_keys(load_profile(str(profile)))["code"])
+    args = ["--candidates", f"models:/{NAME}/1,models:/{NAME}/2", "--profile", str(profile), "--no-progress"]
+    res = run_step("compare", [*args, "--promote"], tmp, here=True)
+    assert "**v2 is flagged (trained on pinned prompts: 8 of class code)" in res.stdout, res.stdout[-3000:]
+    assert "**v1 is the first unflagged on bake's traffic mix**" in res.stdout
+    assert "| v2 **flagged: trained on pinned prompts" in res.stdout and "reuses evaluation run" in res.stdout
+    run = _compare_run(c)
+    assert run.data.tags["compare.winner"] == "v1" and run.data.tags["compare.flagged"] == "v2"
+    assert res.returncode == 0 and str(c.get_model_version_by_alias(NAME, "production").version) == "1", res.stdout

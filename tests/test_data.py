@@ -197,3 +197,26 @@ def test_reader_memory_does_not_grow_with_dataset_size(tmp_path):
         ).stdout.split()
         rss[name] = int(out[2])
     assert rss["x10"] / rss["x1"] < 1.1, rss
+
+
+def test_a_writer_deletes_nothing_it_did_not_write(tmp_path):
+    """An output folder holding someone's `notes.tmp` or a `shard-00000.safetensors` that no record of ours names is
+    refused (nothing in it deleted); in a folder whose record says a capture of ours is under way, the writer
+    discards only its own half-written shard."""
+    import pytest
+
+    from common.errors import BadInput
+    from drafter.data import PARTIAL, DatasetWriter
+
+    for name in ("notes.tmp", "shard-00000.safetensors"):
+        out = tmp_path / name.replace(".", "-")
+        out.mkdir()
+        (out / name).write_text("someone else's")
+        with pytest.raises(BadInput, match="is not a drafterops dataset"):
+            DatasetWriter(out, {"target": "t"})
+        assert (out / name).read_text() == "someone else's"
+    ours = tmp_path / "ours"
+    DatasetWriter(ours, {"target": "t"})  # records itself (index.partial.json) before any shard
+    (ours / "shard-00000.safetensors.tmp").write_text("half-written")
+    DatasetWriter(ours, {"target": "t"})
+    assert (ours / PARTIAL).is_file() and not (ours / "shard-00000.safetensors.tmp").exists()

@@ -12,7 +12,6 @@ a pinned set it was trained on.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
@@ -59,32 +58,11 @@ def _refused(res, why: str) -> None:
 
 
 def _forge(tmp: Path, version: str, target: Path, sign_with=None, per_prompt=None, sign: bool = True) -> str:
-    """A run made by hand with the genuine tags and a record written offline: every identity in it
-    (profile digest, pinned prompts, drafter files, target digest) is computable by anyone."""
-    from drafter.fingerprint import target_digest
-    from registry import signing, store
-    from registry.evidence import DIGEST_PARAM, EVIDENCE_FILE, TAG, ClassCounts, EvidenceRecord, pinned_keys
-    from serving.profile import load_profile
+    """A run made by hand with the genuine tags and a record written offline (tests/helpers/evidence.py)."""
+    from tests.helpers.evidence import forge_record
 
-    profile = load_profile(str(tmp / "lenient.yaml"))
-    c = _client(tmp)
-    folder = Path(c.get_model_version_download_uri(NAME, version).removeprefix("file://"))
-    keys = pinned_keys(profile)["all"]
-    rec = EvidenceRecord(
-        NAME, version, store.drafter_files(folder), store.weights_sha256(store.file_hashes(folder)),
-        profile.name, profile.digest, profile.values(), 2, str(target), target_digest(target), 0.0, 8,
-        "in-process", "forged", [ClassCounts("all", 1.0, profile.workload[0].sha256, keys,
-                                             per_prompt or [(3, 1)] * len(keys))],
-    )  # fmt: skip
-    payload = rec.payload()
-    if sign:
-        payload = signing.sign(payload, sign_with)
-    run = c.create_run(c.get_experiment_by_name("Default").experiment_id, tags=rec.run_tags())
-    c.log_param(run.info.run_id, TAG, f"{NAME}/{version}")  # the param evidence is found by, as evaluate logs it
-    c.log_text(run.info.run_id, json.dumps(payload), EVIDENCE_FILE)
-    c.log_param(run.info.run_id, DIGEST_PARAM, hashlib.sha256(json.dumps(payload).encode()).hexdigest())
-    c.set_terminated(run.info.run_id, "FINISHED")
-    return run.info.run_id
+    return forge_record(_client(tmp), NAME, version, tmp / "lenient.yaml", (lambda _c, _k: per_prompt) if per_prompt
+                        else None, sign=sign, key=sign_with)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -119,12 +97,13 @@ def test_chosen_forged_and_impossible_records_are_refused_then_the_honest_one_pr
     )  # fmt: skip
     res = _evaluate(tmp, "2", "dup.yaml", target=target, code=2, here=False)  # as a user sees it: no traceback
     assert "copies.jsonl: 19 prompts repeat" in res.stderr and "Traceback" not in res.stderr
-    # a run made by hand with the genuine tags and an unsigned record
+    # a run made by hand with the genuine tags and an unsigned record: not evidence, ignored and said (the
+    # copies record above still decides)
     forged = _forge(tmp, "2", target, sign=False)
-    _refused(_promote(tmp, "2"), f"evaluation run {forged} is not usable evidence (unsigned)")
+    _refused(_promote(tmp, "2"), f"finding: evaluation run {forged} is not evidence (unsigned): ignored")
     # the same, signed with a key of the forger's own
     forged = _forge(tmp, "2", target, sign_with=Key(signing.generate(), "the forger's own"))
-    _refused(_promote(tmp, "2"), "signed with a key no trust list names as evaluator")
+    _refused(_promote(tmp, "2"), f"finding: evaluation run {forged} is not evidence (signed with a key no trust list")
     # a validly signed record with physically impossible counts (35 tokens in 12 cycles at 8 new tokens)
     _forge(tmp, "2", target, per_prompt=[(35, 12)] * 20)
     _refused(_promote(tmp, "2"), "impossible counts: class all prompt 0: 35 tokens in 12 cycles at max_new_tokens 8")
@@ -306,9 +285,12 @@ def test_the_candidate_cannot_choose_its_evaluation(candidate_store):
         assert f"class {cls} (" in ok.stdout
 
 
-def test_a_broken_record_of_the_incumbent_does_not_lift_not_worse_than_production(store):
-    """v2 holds production on its honest record; a junk record forged for it must not make it look
-    unevaluated (which would let any worse candidate past rule 5)."""
+def test_a_planted_or_lost_record_of_the_holder_never_freezes_production(store):
+    """v2 holds production on its honest record. A run planted on it (an empty evidence.json, as anyone with store
+    access can log) is a finding: a candidate is still compared with v2's honest figure, neither frozen out nor
+    waved through. v2's honest record then overwritten: the figure its sanction signed stands in for it."""
+    import re
+
     from registry.evidence import EVIDENCE_FILE, TAG
 
     tmp, target = store
@@ -321,9 +303,33 @@ def test_a_broken_record_of_the_incumbent_does_not_lift_not_worse_than_productio
     c.set_terminated(run.info.run_id)
     _evaluate(tmp, "1", "lenient.yaml", target=target)
     res = _promote(tmp, "1", stage="production")
-    _refused(res, "| not worse than production | NO | production v2: evaluation run")
-    _evaluate(tmp, "2", "lenient.yaml", target=target)  # re-evaluated after the junk: it no longer stands in the way
-    assert "production v2: evaluation run" not in _promote(tmp, "1", stage="production").stdout
+    assert res.returncode in (0, 1) and f"finding: evaluation run {run.info.run_id} is not evidence" in res.stdout
+    compared = re.search(r"\| not worse than production \| (ok|NO) \| accept_len [\d.]+ vs production v2 ([\d.]+)",
+                         res.stdout)  # fmt: skip
+    assert compared, res.stdout[-3000:]
+    # the holder's honest record overwritten through the API: the figure its sanction signed holds the line
+    from registry.sanction import holder
+
+    held = holder(c, NAME, "production")
+    other = "1" if held.version == "2" else "2"
+    from registry.runs import runs_with_param
+
+    records = [
+        r.info.run_id
+        for r in runs_with_param(c, [e.experiment_id for e in c.search_experiments()], TAG, f"{NAME}/{held.version}")
+        if r.info.run_id != run.info.run_id
+    ]
+    originals = {r: Path(c.download_artifacts(r, EVIDENCE_FILE, str(tmp / f"keep-{r}"))).read_text() for r in records}
+    for record in records:  # every honest record of the holder, overwritten
+        c.log_text(record, "{}", EVIDENCE_FILE)
+    try:
+        again = _promote(tmp, other, stage="production")
+        signed = held.record["figure"]["accept_len"]
+        assert f"vs production v{held.version} {signed:.3f}" in again.stdout, again.stdout[-3000:]
+        assert f"evaluation run {records[-1]} is not usable evidence (its evidence.json was overwritten" in again.stdout
+    finally:
+        for record, text in originals.items():  # as logged: the other tests share these versions
+            c.log_text(record, text, EVIDENCE_FILE)
 
 
 if __name__ == "__main__":
@@ -386,6 +392,10 @@ def test_recertify_rechecks_production_when_the_target_moves_and_demotes_by_the_
     step("evaluate", "--model", f"models:/{name}/{version}", "--target", str(mini), "--profile",
          profile("mix.yaml", mini), "--no-progress")  # fmt: skip
     step("promote", "--model", f"models:/{name}/{version}", "--profile", str(tmp_path / "mix.yaml"))
+    from tests.helpers.checks import one_line_exit_2
+
+    one_line_exit_2(step("recertify", "--model", "no-such-model", "--profile", str(tmp_path / "mix.yaml"), code=2),
+                    "--model no-such-model: no such registered model")  # fmt: skip
     same = step("recertify", "--model", name, "--profile", str(tmp_path / "mix.yaml"))
     assert "its evidence still matches today's conditions" in same.stdout and "recertify: unchanged" in same.stdout
     # a junk lineage run planted on the holder's weights (anyone can log one): a finding, never a demotion
@@ -401,12 +411,88 @@ def test_recertify_rechecks_production_when_the_target_moves_and_demotes_by_the_
     assert "kept: the rule cannot be applied on what was measured" in moved.stdout and "lineage record" in moved.stdout
     assert "recertify: warn" in moved.stdout and "production" in c.get_registered_model(name).aliases
     after = float(re.search(r"accept_len [\d.]+ -> ([\d.]+)", moved.stdout)[1])
+    # a run planted on the holder claiming an evaluation (an empty evidence.json): a finding, never a reason to keep
+    from registry.evidence import EVIDENCE_FILE, TAG
+
+    planted = c.create_run(c.get_experiment_by_name("Default").experiment_id)
+    c.log_param(planted.info.run_id, TAG, f"{name}/{version}")
+    c.log_text(planted.info.run_id, "{}", EVIDENCE_FILE)
     # the same move on a deployment whose break-even sits above what the holder now measures
     demoted = step("recertify", "--model", name, "--profile", profile("strict.yaml", other, (after + 0.2) * 1000 / 30),
                    code=1)  # fmt: skip
     assert "the promotion rule no longer holds" in demoted.stdout and "recertify: demote" in demoted.stdout
+    assert f"finding: evaluation run {planted.info.run_id} is not evidence" in demoted.stdout
     assert "production" not in c.get_registered_model(name).aliases
     assert holder(c, name, "production").version is None  # the chain says cleared: the guard keeps it so
     audit = c.get_experiment_by_name("drafterops-audit").experiment_id
     decisions = {r.data.tags["decision"] for r in c.search_runs([audit], filter_string="tags.decision LIKE 'recert%'")}
     assert decisions >= {"recertify:production:unchanged", "recertify:production:demote"}, decisions
+
+
+def test_a_lossless_resave_or_a_little_noise_keeps_the_lineage(candidate_store):
+    """The fine-tuned candidate's weights re-saved in float32 (lossless from bf16), and with 1e-6 of noise on one
+    tensor, each imported as a model of its own from a folder: both still carry the candidate's training prompts
+    (the first by its canonical digest, the second as a near-copy by its sketch), so an evaluation on them is
+    refused as contaminated; the candidate itself is no near-copy of the flagship it was fine-tuned from."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from registry.lineage import lineage
+
+    tmp, train = candidate_store
+    c = _client(tmp)
+    name = "k2.5-mini-eagle3"
+    mv = c.get_model_version_by_alias(name, "candidate")
+    source = Path(c.get_model_version_download_uri(name, mv.version).removeprefix("file://"))
+    trained = lineage(c, mv).keys
+    assert trained  # the positive control: the candidate's own lineage holds its training prompts
+    target = Path(train).parents[1] / "k2.5-mini"
+
+    def copy(label: str, change, dtype: str = "") -> set[str]:
+        folder = tmp / label
+        shutil.copytree(source, folder)
+        for path in folder.glob("*.safetensors"):
+            save_file(change(load_file(path)), path)
+        if dtype:  # the config says what the weights now are, as an operator re-saving them writes it
+            config = json.loads((folder / "config.json").read_text())
+            (folder / "config.json").write_text(json.dumps({**config, "torch_dtype": dtype}, indent=2))
+        res = run_step("import_drafter", ["--source", str(folder), "--name", label, "--target", str(target)], tmp,
+                       here=True)  # fmt: skip
+        assert res.returncode == 0, res.stderr[-2000:]
+        return lineage(c, c.get_model_version(label, "1")).keys
+
+    def noisy(tensors: dict) -> dict:
+        key = "midlayer.mlp.down_proj.weight"
+        bumped = tensors[key].float() + 1e-6 * torch.randn(
+            tensors[key].shape, generator=torch.Generator().manual_seed(0)
+        )
+        assert not torch.equal(bumped.to(tensors[key].dtype), tensors[key])  # some values really changed
+        return {**tensors, key: bumped.to(tensors[key].dtype)}
+
+    as_float32 = copy("float32-copy", lambda t: {k: v.float() if v.is_floating_point() else v for k, v in t.items()},
+                      "float32")  # fmt: skip
+    assert as_float32 >= trained
+    assert copy("noisy-copy", noisy) >= trained
+    from drafter.sketch import NEAR, relative_distance, weights_sketch
+
+    flagship = Path(train).parents[1] / "aq-mini-eagle3"
+    assert relative_distance(weights_sketch(flagship), weights_sketch(source)) > NEAR
+
+
+def test_a_planted_sketch_with_nan_inf_or_the_wrong_shape_is_no_sketch():
+    """Lineage records are written by anyone with store access: a sketch in one with NaN or inf, the wrong number
+    of buckets, a negative norm or no shapes is read as no sketch (never a near-copy, never an error), and two
+    sketches of different tensors are infinitely far apart."""
+    import math
+
+    from drafter.sketch import BUCKETS, Sketch, relative_distance
+
+    def raw(**change):
+        return {"shapes": "s", "buckets": {"w": [0.5] * BUCKETS}, "norm2": {"w": 1.0}, **change}
+
+    assert Sketch.from_json(raw()) is not None
+    for bad in (raw(buckets={"w": [math.nan] * BUCKETS}), raw(buckets={"w": [math.inf] * BUCKETS}),
+                raw(buckets={"w": [0.5] * (BUCKETS - 1)}), raw(norm2={"w": -1.0}), raw(norm2={"w": math.nan}),
+                raw(norm2={"v": 1.0}), {"buckets": {}}, None, "junk"):  # fmt: skip
+        assert Sketch.from_json(bad) is None, bad
+    assert relative_distance(Sketch.from_json(raw()), Sketch.from_json(raw(shapes="other"))) == math.inf

@@ -268,8 +268,9 @@ def test_reconcile_restores_every_kind_of_move_on_a_store_without_a_guard(promot
 
 def test_the_chain_holds_against_a_flood_an_edited_tag_an_overwrite_and_deletions(promoted):
     """The holder is the head of the signed chain: 520 junk audit runs claiming sanctions and a tag edited on
-    the newest sanction move nothing; a hand-deleted alias does not make promote forget production; an
-    overwritten sanction leaves production where it is and is audited; a deleted holder is audited once."""
+    the newest sanction move nothing; a hand-deleted alias does not make promote forget production; the holder's
+    sanction overwritten or deleted is a lost link: the guard holds the newest sanction it can still verify, a
+    move by hand is still reverted, and the loss is audited; a deleted holder is audited once."""
     import hashlib
 
     from registry.reconcile import reconcile
@@ -311,21 +312,28 @@ def test_the_chain_holds_against_a_flood_an_edited_tag_an_overwrite_and_deletion
         assert any("back from nothing to v2" in a for a in reconcile(c))
     else:
         assert res.returncode == 1 and any("back from nothing to v2" in a for a in reconcile(c))
-    # the newest sanction overwritten with an old one: nobody can say where the head is, so nothing moves
+    # the holder's sanction overwritten with an old one: that link is lost; the guard holds the newest sanction
+    # it can still verify (a finding says a newer link may be lost), and a move by hand is still reverted
     head = holder(c, NAME, "production").run_id
     (tmp / "saved").mkdir()
     saved = c.download_artifacts(head, SANCTION_FILE, str(tmp / "saved"))
     c.log_artifact(head, old)
     c.set_registered_model_alias(NAME, "production", "3")
-    assert holder(c, NAME, "production").uncertain
+    damaged = holder(c, NAME, "production")
+    assert damaged.damaged and damaged.version != "3" and damaged.run_id != head, damaged
     done = reconcile(c)
-    assert any("was overwritten" in a for a in done) and str(c.get_registered_model(NAME).aliases["production"]) == "3"
+    assert any("was overwritten" in a for a in done) and any("a newer link may be lost" in a for a in done), done
+    assert live(c) == damaged.version
     sanction_file = Path(c.get_run(head).info.artifact_uri.removeprefix("file://")) / SANCTION_FILE
-    sanction_file.unlink()  # deleted outright (the artifact store's DELETE): a link is gone, so nothing moves
-    assert holder(c, NAME, "production").uncertain and not any("back from" in a for a in reconcile(c))
+    sanction_file.unlink()  # deleted outright (the artifact store's DELETE): the same, a lost link
+    c.set_registered_model_alias(NAME, "production", "3")
+    damaged = holder(c, NAME, "production")
+    assert damaged.damaged and any("v3" in a for a in reconcile(c))  # back to the verifiable holder, or cleared
+    assert live(c) == damaged.version != "3"
     c.log_artifact(head, saved)  # put back as it was: the chain reads whole again
     assert hashlib.sha256(Path(saved).read_bytes()).hexdigest() == c.get_run(head).data.params[DIGEST_PARAM]
-    assert any("back from v3 to v2" in a for a in reconcile(c))
+    assert holder(c, NAME, "production").version == "2"
+    assert any("to v2, where promote put it" in a for a in reconcile(c))
     # a guard with neither a trust file nor a key of its own verifies nothing: it says so, and moves nothing
     from tests.helpers.steps import run_module, step_env
 
@@ -343,3 +351,113 @@ def test_the_chain_holds_against_a_flood_an_edited_tag_an_overwrite_and_deletion
     assert reconcile(c) == []
     lines = c.search_runs([audit], filter_string="tags.decision = 'guard:finding:production'")
     assert any("v2 of `production` no longer exists" in r.data.tags["reason"] for r in lines)
+
+
+def live(c) -> str | None:
+    """Where the production alias points now (None: nowhere)."""
+    held = c.get_registered_model(NAME).aliases.get("production")
+    return None if held is None else str(held)
+
+
+def test_one_overwritten_old_sanction_never_disables_the_guard(promoted):
+    """The oldest sanction's file overwritten with `{}` through the API, then production set by hand to a version
+    never promoted: the guard reverts it to the newest sanction it can verify and says the link is lost; after a
+    new signed promotion the next hand move is reverted to it too. Then the attack round's: the audit experiment
+    renamed or deleted, and claims planted for the chain's head, move nothing."""
+    from registry.reconcile import reconcile
+    from registry.sanction import SANCTION_FILE, holder, links
+    from registry.succession import claim_name
+    from tests.helpers.steps import run_module, run_step, step_env
+
+    tmp, _ = promoted
+    c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    audit = c.get_experiment_by_name("drafterops-audit").experiment_id
+    oldest = c.search_runs([audit], filter_string="tags.decision = 'alias:production'",
+                           order_by=["attributes.start_time ASC"])[0]  # fmt: skip
+    c.log_text(oldest.info.run_id, "{}", SANCTION_FILE)
+    c.set_registered_model_alias(NAME, "production", "3")
+    done = reconcile(c)
+    assert any("back from v3 to v2, where promote put it" in a for a in done), done
+    assert any(f"audit run {oldest.info.run_id}: its sanction.json was overwritten" in a for a in done), done
+    assert live(c) == "2" and holder(c, NAME, "production").damaged
+    res = run_step("promote", ["--model", f"models:/{NAME}/1", "--profile", str(tmp / "lenient.yaml"), "--margin",
+                               "1"], tmp, here=True)  # fmt: skip
+    assert res.returncode == 0, res.stdout[-2000:]
+    c.set_registered_model_alias(NAME, "production", "3")
+    assert any("back from v3 to v1, where promote put it" in a for a in reconcile(c)) and live(c) == "1"
+    # tried with store access alone: the audit experiment renamed, then deleted (the sanctions are still read from
+    # every experiment: a move by hand is reverted, never taken for an empty chain that clears production); claims
+    # planted by hand for the chain's head (unsigned: promote neither waits on them nor forks around them)
+    audit = c.get_experiment_by_name("drafterops-audit").experiment_id
+    c.rename_experiment(audit, "nothing-to-see")
+    for hide in (lambda: None, lambda: c.delete_experiment(audit)):
+        hide()
+        c.set_registered_model_alias(NAME, "production", "3")
+        assert any("back from v3 to v1, where promote put it" in a for a in reconcile(c)) and live(c) == "1"
+    head = holder(c, NAME, "production").head
+    for attempt in range(3):
+        c.create_experiment(claim_name(c.get_registered_model(NAME), "production", head, attempt))
+    res = run_module("steps.promote", ["--model", f"models:/{NAME}/2", "--profile", str(tmp / "lenient.yaml"),
+                                       "--margin", "1"], tmp, step_env(tmp), timeout=300)  # fmt: skip
+    assert res.returncode == 0 and live(c) == "2", res.stdout[-2000:] + res.stderr[-2000:]
+    follows = [record["previous"] for _, record in links(c, NAME, "production").values()]
+    assert len(follows) == len(set(follows)) and head in follows  # one line, the new link after the old head
+
+
+@pytest.mark.full
+def test_two_promotes_at_once_on_a_shared_server_keep_the_chain_linear(tiny_targets, tmp_path):
+    """A live `mlflow server` (the multi-user setup the docs recommend), 20 rounds: production is set to junk v2 by a
+    signed sanction, then v1 (better) and v3 (junk) are promoted by two processes at once, both having judged
+    against v2 before either writes (a failpoint makes them meet there). Every round exactly one decision is taken
+    again, against what the other installed, and the chain of sanctions stays one line: no two sanctions follow
+    the same one, one head."""
+    from registry import audit, succession
+    from registry.sanction import holder, links
+    from tests.helpers.evidence import forge_record
+    from tests.helpers.promotion import register_gated, write_profiles
+    from tests.helpers.servers import mlflow_server
+    from tests.helpers.steps import run_modules_together, step_env
+
+    _, wrapped = tiny_targets
+    write_profiles(tmp_path, wrapped)
+    profile = str(tmp_path / "lenient.yaml")
+    backend, artifacts = f"sqlite:///{tmp_path}/server.db", str(tmp_path / "art")
+    with mlflow_server(tmp_path, backend, "--default-artifact-root", artifacts) as url:
+        env = step_env(tmp_path, MLFLOW_TRACKING_URI=url)
+        register_gated(tmp_path, wrapped, (1, 2, 3), url)
+        c = mlflow.MlflowClient(url)
+        for version, tokens in (("1", 2), ("2", 1), ("3", 1)):  # v1 better than v2 and v3 (trusted records)
+            forge_record(c, NAME, version, tmp_path / "lenient.yaml", lambda _c, k, n=tokens: [(n, 1)] * len(k))
+
+        def promote(version: str, *extra: str) -> list[str]:
+            return ["--model", f"models:/{NAME}/{version}", "--profile", profile, *extra]
+
+        def reset() -> None:  # production back to junk v2 by a signed sanction, as promote writes one
+            head = holder(c, NAME, "production").head
+            with succession.next_link(c, NAME, "production", head, lambda: holder(c, NAME, "production").head) as claim:
+                audit.move_alias(c, NAME, "production", "2", "reset for the next round", by_promote=True, claim=claim)
+
+        for i in range(20):
+            reset()
+            assert holder(c, NAME, "production").version == "2"
+            race = {**env, "DRAFTEROPS_FAILPOINT": "promote:judged:meet",
+                    "DRAFTEROPS_FAILPOINT_MEET": f"{tmp_path / f'meet-{i}'}:2"}  # fmt: skip
+            good, junk = run_modules_together("steps.promote", [promote("1"), promote("3")], tmp_path, race)
+            again = [res for res in (good, junk) if "decided again against its new head" in res.stdout]
+            assert len(again) == 1, (good.stdout[-2000:], junk.stdout[-2000:])
+            first, second = (junk, good) if again[0] is good else (good, junk)
+            won = "1" if first is good else "3"
+            assert first.returncode == 0 and "vs production v2 1.000" in first.stdout, first.stdout[-2000:]
+            assert f"vs production v{won} " in second.stdout, second.stdout[-2000:]  # the second saw the first's result
+            assert second.returncode == (1 if won == "1" else 0), second.stdout[-2000:]
+            chain = [record for _, record in links(c, NAME, "production").values()]
+            follows = [record["previous"] for record in chain]
+            assert len(follows) == len(set(follows)), f"round {i}: two sanctions follow the same one"
+            assert sum(1 for r in chain if signing_digest(r) not in set(follows)) == 1, f"round {i}: not one head"
+            assert holder(c, NAME, "production").version == "1"  # v1 won, or came second and beat junk v3
+
+
+def signing_digest(record: dict) -> str:
+    from registry import signing
+
+    return signing.digest(record)

@@ -237,3 +237,73 @@ def test_sglang_capture_through_specforge_files_gives_the_in_process_dataset(tin
     assert res.returncode == 2 and "tokenizes otherwise" in res.stderr and "Traceback" not in res.stderr
     res = run([*base, "--out", str(tmp_path / "x"), "--engine", "sglang", "--chat_template", "kimi_k2"], tmp_path)
     assert res.returncode == 2 and "--engine sglang needs --specforge" in res.stderr
+
+
+def test_an_endpoint_naming_a_file_capture_did_not_write_never_has_it_deleted(tiny_targets, tmp_path):
+    """A capture endpoint that names, as this request's states, files already in --capture_dir (one before the
+    capture began, one written meanwhile by someone else for other tokens): make_data refuses (exit 2, one line)
+    and both files are where they were, byte for byte."""
+    import http.server
+    import threading
+
+    import torch
+    from safetensors.torch import save_file
+
+    from tests.helpers.checks import one_line_exit_2
+
+    states = tmp_path / "states"
+    states.mkdir()
+    before = states / "precious.safetensors"
+    save_file({"hidden_states": torch.zeros(3, 4, 8), "token_ids": torch.tensor([1, 2, 3])}, str(before))
+    named = {"path": str(before)}
+
+    class Endpoint(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            self._json({"data": [{"id": "target"}]})
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            if named["path"].endswith("meanwhile.safetensors"):  # written by someone else as the request runs
+                save_file({"hidden_states": torch.zeros(3, 4, 8), "token_ids": torch.tensor([7, 7, 7])}, named["path"])
+            self._json({"choices": [{"token_ids": [5], "prompt_logprobs": []}],
+                        "kv_transfer_params": {"hidden_states_path": named["path"]}})  # fmt: skip
+
+        def _json(self, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args) -> None:
+            return
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Endpoint)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS[:2])
+    args = [
+        "--target",
+        str(tiny_targets[0]),
+        "--prompts",
+        str(prompts),
+        "--no-progress",
+        "--engine",
+        "vllm",
+        "--layers",
+        "0,1,2",
+        "--endpoint",
+        f"http://127.0.0.1:{server.server_port}",
+        "--capture_dir",
+        str(states),
+    ]
+    try:
+        kept = before.read_bytes()
+        one_line_exit_2(run([*args, "--out", str(tmp_path / "a")], tmp_path), "before this capture began")
+        assert before.read_bytes() == kept
+        # a file that appears during the capture, holding other tokens' states: refused, and left too
+        named["path"] = str(states / "meanwhile.safetensors")
+        one_line_exit_2(run([*args, "--out", str(tmp_path / "b")], tmp_path), "other tokens than the prompt sent")
+        assert Path(named["path"]).is_file()
+    finally:
+        server.shutdown()
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -260,3 +260,20 @@ def test_a_drafter_whose_steps_cost_more_than_the_timed_ones_is_held_to_its_own_
     refused = run_step("promote", ["--model", "models:/k25-tiny-eagle3/1", "--profile", str(tmp / "priced.yaml")], tmp)
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "| ci_low beats break-even | NO |" in refused.stdout and "draft steps priced at" in refused.stdout
+
+
+def test_a_promote_killed_holding_the_chains_claim_stalls_nothing(evaluated):
+    """A promote killed (kill -9) after claiming the chain's next link and before writing: nothing moved, and the
+    next promote on the same store takes the claim over at once (on SQLite the registry's lock says the claimer is
+    gone) instead of waiting for it to go stale."""
+    from tests.helpers.steps import run_module, step_env
+
+    tmp = evaluated
+    c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    args = ["--model", "models:/k25-tiny-eagle3/1", "--profile", str(tmp / "lenient.yaml"), "--stage", "staging"]
+    before = c.get_registered_model("k25-tiny-eagle3").aliases.get("staging")
+    killed = run_module("steps.promote", args, tmp, step_env(tmp, DRAFTEROPS_FAILPOINT="promote:claimed:kill"))
+    assert killed.returncode == 137 and c.get_registered_model("k25-tiny-eagle3").aliases.get("staging") == before
+    done = run_module("steps.promote", args, tmp, step_env(tmp), timeout=90)  # a claim goes stale after 120 s
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert str(c.get_registered_model("k25-tiny-eagle3").aliases["staging"]) == "1"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -187,14 +188,15 @@ class FinetuneRecipe:
 
         from tuning.register import register_best
 
+        self.shared.checkpoints.mkdir(parents=True, exist_ok=True)
+        fetched = Path(tempfile.mkdtemp(prefix=".best-", dir=self.shared.checkpoints))  # its own, removed after
         best_dir = Path(
             mlflow.artifacts.download_artifacts(
-                run_id=best.user_attrs["mlflow_run_id"],
-                artifact_path="drafter",
-                dst_path=str(self.shared.checkpoints / "best"),
+                run_id=best.user_attrs["mlflow_run_id"], artifact_path="drafter", dst_path=str(fetched)
             )
         )
-        version = register_best(best_dir, self.name, self.parent, self.dataset, best, self.request.alias, run_id,
-                                self.init_digest)  # fmt: skip
-        shutil.rmtree(best_dir.parent, ignore_errors=True)
-        return version
+        try:
+            return register_best(best_dir, self.name, self.parent, self.dataset, best, self.request.alias, run_id,
+                                 self.init_digest)  # fmt: skip
+        finally:
+            shutil.rmtree(fetched, ignore_errors=True)

@@ -144,9 +144,10 @@ def _register(
     )
     desc = upsert_section(desc, "contents", contents(hashes, read_header(folder)))
     from drafter.fingerprint import tensor_digest
+    from drafter.sketch import weights_sketch
     from registry.lineage import log_training_prompts
 
-    log_training_prompts(dataset, tensor_digest(folder), init_digest)
+    log_training_prompts(dataset, tensor_digest(folder), init_digest, weights_sketch(folder))
     mv = store.register_drafter(folder, name, tags, desc)
     if alias:
         audit.move_alias(c, name, alias, mv.version, f"best of finetune run {run_id} (trial {trial.number})")

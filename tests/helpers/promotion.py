@@ -41,8 +41,9 @@ def evaluate(tmp, uri, target, profile, *extra):
     return res
 
 
-def register_gated(tmp: Path, wrapped: Path, seeds: tuple[int, ...]) -> None:
-    """Tiny drafters (one per seed) imported as versions 1, 2, ... of k25-tiny-eagle3, each gated."""
+def register_gated(tmp: Path, wrapped: Path, seeds: tuple[int, ...], tracking_uri: str = "") -> None:
+    """Tiny drafters (one per seed) imported as versions 1, 2, ... of k25-tiny-eagle3, each gated (in the
+    folder's own store, or the one `tracking_uri` names: a tracking server, say)."""
     from drafter.checkpoint import save_drafter
 
     vocab = json.loads((wrapped / "config.json").read_text())["text_config"]["vocab_size"]
@@ -56,5 +57,7 @@ def register_gated(tmp: Path, wrapped: Path, seeds: tuple[int, ...]) -> None:
             ("import_drafter", ["--source", str(tmp / f"d{seed}"), "--target", str(wrapped)]),
             ("shape_gate", ["--model", f"models:/k25-tiny-eagle3/{seed}", "--target", str(wrapped)]),
         ):
-            res = run_step(step, args, tmp, here=True)
+            res = run_step(
+                step, args, tmp, here=True, **({"MLFLOW_TRACKING_URI": tracking_uri} if tracking_uri else {})
+            )
             assert res.returncode == 0, res.stderr[-2000:]

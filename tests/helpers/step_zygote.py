@@ -9,7 +9,9 @@ skipped, about 6 s a step here. The processes tests signal or kill, and the main
 fresh interpreter.
 
 Protocol: one JSON request a line on stdin, {"module", "args", "env", "cwd", "stdout", "stderr",
-"timeout"}; one JSON answer a line on stdout, {"code"} or {"timeout": true}.
+"timeout"}; one JSON answer a line on stdout, {"code"} or {"timeout": true}. A request {"together": [...]}
+forks one child per request in it at once and answers {"answers": [...]} when all have ended (processes that
+race each other, as two users' would).
 """
 
 from __future__ import annotations
@@ -99,10 +101,15 @@ def serve() -> None:
     print(json.dumps({"ready": True}), file=control_out, flush=True)
     for line in sys.stdin:
         request = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            _child(request, control_out.fileno())
-        print(json.dumps(_wait(pid, float(request["timeout"]))), file=control_out, flush=True)
+        batch = request.get("together", [request])
+        pids = []
+        for one in batch:
+            pid = os.fork()
+            if pid == 0:
+                _child(one, control_out.fileno())
+            pids.append(pid)
+        answers = [_wait(pid, float(one["timeout"])) for pid, one in zip(pids, batch, strict=True)]
+        print(json.dumps({"answers": answers} if "together" in request else answers[0]), file=control_out, flush=True)
 
 
 if __name__ == "__main__":

@@ -32,17 +32,32 @@ def step_env(cwd: Path, **extra: str) -> dict[str, str]:
     }
 
 
-def run_step(name: str, args: list[str], cwd: Path, wait: bool = True, here: bool = False):
+def run_step(name: str, args: list[str], cwd: Path, wait: bool = True, here: bool = False, **env: str):
     """`python -m steps.<name> args...` in a subprocess (finished CompletedProcess, or a Popen); with
-    `here`, the same entry point in this process (tests about what a step decides, not about its CLI)."""
+    `here`, the same entry point in this process (tests about what a step decides, not about its CLI), with
+    `env` over the step's environment."""
     if here:
-        return run_step_here(name, args, cwd)
+        return run_step_here(name, args, cwd, **env)
     cmd = [sys.executable, "-m", f"steps.{name}", *args]
     if not wait:
         return subprocess.Popen(
             cmd, cwd=cwd, env=step_env(cwd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
     return run_module(f"steps.{name}", args, cwd, step_env(cwd))
+
+
+def run_modules_together(module: str, argvs: list[list[str]], cwd: Path, env: dict[str, str], timeout: float = 900):
+    """`python -m module args...` once per argument list, all at once, as processes of their own (forked from the
+    step zygote, or new interpreters under DRAFTEROPS_TEST_FRESH_INTERPRETERS=1); each to its end."""
+    if not FRESH_INTERPRETERS:
+        return ZYGOTE.together(module, argvs, cwd, env, timeout)
+    procs = [subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for args in argvs]  # fmt: skip
+    done = []
+    for args, proc in zip(argvs, procs, strict=True):
+        stdout, stderr = proc.communicate(timeout=timeout)
+        done.append(subprocess.CompletedProcess([sys.executable, "-m", module, *args], proc.returncode, stdout, stderr))
+    return done
 
 
 def run_module(module: str, args: list[str], cwd: Path, env: dict[str, str], timeout: float = 900):
@@ -71,20 +86,30 @@ class StepZygote:
         assert ready.strip() == '{"ready": true}', f"the step zygote did not start: {ready!r}"
 
     def run(self, module: str, args: list[str], cwd: Path, env: dict[str, str], timeout: float):
+        return self.together(module, [args], cwd, env, timeout, batch=False)[0]
+
+    def together(self, module: str, argvs: list[list[str]], cwd: Path, env: dict[str, str], timeout: float,
+                 batch: bool = True) -> list[subprocess.CompletedProcess]:  # fmt: skip
+        """One forked process per argument list, all started at once (batch), each run to its end."""
         if self.proc is None or self.proc.poll() is not None:
             self.start()
         with tempfile.TemporaryDirectory() as folder:
-            out, err = Path(folder) / "stdout", Path(folder) / "stderr"
-            request = {"module": module, "args": [str(a) for a in args], "env": env, "cwd": str(cwd),
-                       "stdout": str(out), "stderr": str(err), "timeout": timeout}  # fmt: skip
-            self.proc.stdin.write(json.dumps(request) + "\n")
+            requests = [{"module": module, "args": [str(a) for a in args], "env": env, "cwd": str(cwd),
+                         "stdout": f"{folder}/{i}.out", "stderr": f"{folder}/{i}.err", "timeout": timeout}
+                        for i, args in enumerate(argvs)]  # fmt: skip
+            self.proc.stdin.write(json.dumps({"together": requests} if batch else requests[0]) + "\n")
             self.proc.stdin.flush()
             answer = json.loads(self.proc.stdout.readline())
-            stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
-        cmd = ["python", "-m", module, *args]
-        if answer.get("timeout"):
-            raise subprocess.TimeoutExpired(cmd, timeout, stdout, stderr)
-        return subprocess.CompletedProcess(cmd, answer["code"], stdout, stderr)
+            answers = answer["answers"] if batch else [answer]
+            outputs = [(Path(r["stdout"]).read_text(errors="replace"), Path(r["stderr"]).read_text(errors="replace"))
+                       for r in requests]  # fmt: skip
+        done = []
+        for args, one, (stdout, stderr) in zip(argvs, answers, outputs, strict=True):
+            cmd = ["python", "-m", module, *args]
+            if one.get("timeout"):
+                raise subprocess.TimeoutExpired(cmd, timeout, stdout, stderr)
+            done.append(subprocess.CompletedProcess(cmd, one["code"], stdout, stderr))
+        return done
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -105,7 +130,7 @@ def fresh_process_state() -> None:
         module.forget_process_state()
 
 
-def run_step_here(name: str, args: list[str], cwd: Path):
+def run_step_here(name: str, args: list[str], cwd: Path, **extra: str):
     """`steps.<name>.main(args)` in this process, as a subprocess would run it: the step's environment
     and working folder, stdout and stderr captured, its exit code; no imports paid again (about 5 s a
     step). Nothing of it is left behind: environment, folder, active runs, remembered state."""
@@ -113,7 +138,7 @@ def run_step_here(name: str, args: list[str], cwd: Path):
 
     assert mlflow.active_run() is None, "a step run here would nest under the test's own run"
     module = importlib.import_module(f"steps.{name}")
-    saved_env, saved_cwd, env = dict(os.environ), Path.cwd(), step_env(cwd)
+    saved_env, saved_cwd, env = dict(os.environ), Path.cwd(), step_env(cwd, **extra)
     out, err, code = io.StringIO(), io.StringIO(), 0
     fresh_process_state()
     os.environ.clear()
