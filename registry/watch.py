@@ -146,12 +146,19 @@ def record_action(c: Any, name: str, alias: str, version: str, record: dict[str,
                         alias=alias)  # fmt: skip
 
 
-def demote(c: Any, name: str, alias: str, version: str, reason: str, evidence_run: str, terms: str) -> None:
-    """Clear the alias with a signed sanction (registry.audit.move_alias), if the version still holds it."""
-    from registry import audit, sanction
+def demote(c: Any, name: str, alias: str, version: str, reason: str, evidence_run: str, terms: str) -> bool:
+    """Clear the alias with a signed sanction (registry.audit.move_alias) if the version still holds it, after
+    claiming the chain's next link as promote and recertify do (registry.succession: a demotion never forks
+    the chain). False when another decision moved the alias meanwhile: the watch acts only on what it watched."""
+    from registry import audit, sanction, succession
 
     held = sanction.holder(c, name, alias)
     if held.version != str(version):
-        return  # someone moved it since: the watch acts only on what it watched
-    audit.move_alias(c, name, alias, None, reason, by_promote=True, evidence_run=evidence_run, terms=terms,
-                     head=held.head)  # fmt: skip
+        return False
+    try:
+        with succession.next_link(c, name, alias, held.head, lambda: sanction.holder(c, name, alias).head) as claim:
+            audit.move_alias(c, name, alias, None, reason, by_promote=True, evidence_run=evidence_run, terms=terms,
+                             claim=claim)  # fmt: skip
+    except succession.Lost:
+        return False
+    return True

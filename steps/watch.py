@@ -309,8 +309,9 @@ def act(c: Any, state: State, n: int, alarm: drift.Alarm) -> str | None:
     print(f"watch: {action}: {reason}")
     if action == "demote":
         terms = f"{state.profile.name} {state.profile.digest[:16]} watch"
-        policy_.demote(c, state.name, state.alias, state.version, reason, state.baseline_run, terms)
-        return "demoted"
+        if policy_.demote(c, state.name, state.alias, state.version, reason, state.baseline_run, terms):
+            return "demoted"
+        print(f"watch: not demoted: {state.alias} was moved by another decision meanwhile")
     return None
 
 
