@@ -71,10 +71,12 @@ def test_every_position_scored_when_nothing_is_masked():
     assert torch.allclose(ref[0], new[0], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("family", ["llama", "mla-eagle3.1"])
+@pytest.mark.parametrize("family", ["mla-eagle3.1"])
 def test_the_compiled_gpu_functions_are_the_cpu_arithmetic(family, monkeypatch):
     """Norms, rotary embeddings, SwiGLU and the fused cross-entropy as the GPU path compiles them
-    (drafter/compiled.py), forced on here: the same loss, gradients and counts as the reference."""
+    (drafter/compiled.py), forced on here: the same loss, gradients and counts as the reference. The MLA
+    layer with EAGLE-3.1's norms has every compiled function but the Llama layer's rotary embedding, whose
+    expression is the CPU path's own."""
     import drafter.compiled
 
     monkeypatch.setattr(drafter.compiled, "on_device", lambda x: True)

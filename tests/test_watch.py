@@ -184,7 +184,10 @@ def test_a_restarted_watch_keeps_its_signed_baseline_and_ignores_a_planted_one(p
     assert f"baseline run {planted.info.run_id}: unsigned; ignored" in again.stdout
 
 
-def test_an_engine_version_that_changed_is_a_finding_and_recertify_runs(promoted, tmp_path):
+def test_an_engine_version_that_changed_is_a_finding_and_recertify_runs(promoted, tmp_path, monkeypatch):
+    """recertify runs as its own process; here it finds no vLLM to measure on (an interpreter that is not
+    there), so it ends at once with its own exit 2 and run: the watch goes on either way."""
+    monkeypatch.setenv("DRAFTEROPS_VLLM_PYTHON", str(tmp_path / "no-such-python"))
     tmp = _store(promoted, tmp_path)
     engine = _engine(promoted, version_at=6)
     try:
