@@ -2,7 +2,7 @@
 side in one run, each through the real entry point in its own process:
 
 1. equality on 8 k2.5-val prompts (token ids, loss masks, worst per-token cosine of each field, next-token
-   agreement; drafter/data_equality.py) at float32 and at the target's own bf16, and a float32 capture whose
+   agreement; drafter/data/equality.py) at float32 and at the target's own bf16, and a float32 capture whose
    layer ids are handed to vLLM untranslated (one off, TorchSpec #87's fault);
 2. capture throughput on k2.5-train (80 conversations, max_len 256 as the main job), the two alternating
    for two rounds: tokens per second of capture alone (the runs' `capture_tokens_per_s`) and the command's
@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 from bench._common import write_results
-from drafter.data import HiddenStateDataset
-from drafter.data_equality import compare
+from drafter.data.dataset import HiddenStateDataset
+from drafter.data.equality import compare
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "miniworld" / "k2.5-mini"

@@ -21,8 +21,8 @@ from bench.synthetic import READER, write_random_dataset
 def capture_throughput(tmp: Path) -> dict:
     from transformers import DeepseekV3ForCausalLM
 
-    from drafter.capture import capture, plan_capture
-    from drafter.target import load_target
+    from drafter.data.capture import capture, plan_capture
+    from drafter.model.target import load_target
     from miniworld.models import deepseek_config, train_tokenizer
 
     texts = [Path(torch.__file__).read_text()[i * 2000 : (i + 1) * 2000] for i in range(64)]

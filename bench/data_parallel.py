@@ -25,9 +25,9 @@ TRAIN = dict(max_steps=12, batch_size=8, max_len=256, ttt_length=3, val_every=10
 
 SCRIPT = """
 import json, sys
-from drafter.config import DrafterConfig
-from drafter.data import HiddenStateDataset
-from drafter.train import TrainConfig, is_rank0, scratch_drafter, train
+from drafter.model.config import DrafterConfig
+from drafter.data.dataset import HiddenStateDataset
+from drafter.train.loop import TrainConfig, is_rank0, scratch_drafter, train
 spec = json.loads(sys.argv[2])
 ds = HiddenStateDataset(sys.argv[1])
 model = scratch_drafter(DrafterConfig(**spec["drafter"]), ds, list(range(len(ds))))

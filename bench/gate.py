@@ -16,10 +16,10 @@ from pathlib import Path
 from bench._common import bytes_read, write_results
 from bench.header_read import REFERENCE
 from bench.sparse import k2_vocab_maps, write_sparse_safetensors
-from drafter.checkpoint import EMBED, expected_tensors
-from drafter.compat import check_compat, drafter_facts, target_facts
-from drafter.config import DrafterConfig
-from drafter.step_cost import folder_step_cost
+from drafter.analysis.compat import check_compat, drafter_facts, target_facts
+from drafter.analysis.step_cost import folder_step_cost
+from drafter.formats.checkpoint import EMBED, expected_tensors
+from drafter.model.config import DrafterConfig
 
 FAMILIES = (  # (the public drafter, its reference config, the layout it ships in)
     ("AQ-MedAI Kimi-K2 drafter (SpecForge, Llama layer)", REFERENCE, "project"),
@@ -34,7 +34,7 @@ def sparse_drafter(folder: Path, config: Path, layout: str) -> int:
     """The drafter's config and a sparse safetensors of its exact shapes, named as its layout names them;
     returns the file's logical size."""
 
-    from drafter.layouts import ENGINE, PROJECT, view
+    from drafter.formats.layouts import ENGINE, PROJECT, view
 
     folder.mkdir()
     (folder / "config.json").write_text(config.read_text())
@@ -74,7 +74,7 @@ def k25_target(folder: Path) -> Path:
 
 def gate(drafter: Path, target: Path) -> tuple[float, int, str, int]:
     """(median seconds, most bytes read, verdict, checks made) of ten gates."""
-    from drafter.compat import verdict
+    from drafter.analysis.compat import verdict
 
     times, reads = [], []
     for _ in range(10):

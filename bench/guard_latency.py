@@ -20,7 +20,7 @@ from pathlib import Path
 import mlflow
 
 from bench._common import write_results
-from drafter.checkpoint import save_drafter
+from drafter.formats.checkpoint import save_drafter
 from tests.helpers.drafters import tiny_drafter
 from tests.helpers.guard import guarded_server, wait_for
 from tests.helpers.steps import run_module

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from bench._common import bytes_read, write_results
 from bench.sparse import write_sparse_safetensors
-from drafter.checkpoint import EMBED, expected_tensors, read_header
-from drafter.config import DrafterConfig
+from drafter.formats.checkpoint import EMBED, expected_tensors, read_header
+from drafter.model.config import DrafterConfig
 
 REFERENCE = Path(__file__).resolve().parents[1] / "configs" / "reference" / "kimi-k2-eagle3.config.json"
 
@@ -50,7 +50,7 @@ def main() -> None:
         full_b = full_load()
     rows = [
         {
-            "method": "drafter.checkpoint.read_header",
+            "method": "drafter.formats.checkpoint.read_header",
             "time": f"{header_s * 1000:.2f} ms",
             "bytes_read": header_b,
             "file_bytes": size,

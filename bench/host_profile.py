@@ -21,9 +21,9 @@ import torch
 import yaml
 
 from common.prompt_files import file_digest, read_prompts
-from drafter.checkpoint import load_drafter
-from drafter.evaluation import evaluate_online
-from drafter.target import load_target
+from drafter.decode.evaluation import evaluate_online
+from drafter.formats.checkpoint import load_drafter
+from drafter.model.target import load_target
 from serving.profile import Profile
 
 ROOT = Path(__file__).resolve().parents[1]

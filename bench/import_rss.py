@@ -17,9 +17,9 @@ from bench._common import write_results
 
 MAKE = """
 import sys, torch
-from drafter.config import DrafterConfig
-from drafter.checkpoint import expected_tensors, EMBED, DTYPES
-from drafter.vocab import build_vocab_maps
+from drafter.model.config import DrafterConfig
+from drafter.formats.checkpoint import expected_tensors, EMBED, DTYPES
+from drafter.model.vocab import build_vocab_maps
 from safetensors.torch import save_file
 cfg = DrafterConfig(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
                     vocab_size=128000, draft_vocab_size=32000, aux_layer_ids=[2, 16, 29])

@@ -21,13 +21,13 @@ ROOT = Path(__file__).resolve().parents[1]
 RUN = """
 import json, resource, sys
 import deepspeed, torch  # what finetune holds when it plans
-from drafter.config import DrafterConfig
-from drafter.data import HiddenStateDataset
-from drafter.memory_plan import plan
-from drafter.train import TrainConfig, load_ds_config, scratch_drafter, train
+from drafter.model.config import DrafterConfig
+from drafter.data.dataset import HiddenStateDataset
+from drafter.analysis.memory_plan import plan
+from drafter.train.loop import TrainConfig, load_ds_config, scratch_drafter, train
 spec = json.loads(sys.argv[2])
-if "mla" in spec["drafter"]:  # the MLA draft layer's widths (drafter/mla.py)
-    from drafter.mla import MLASpec
+if "mla" in spec["drafter"]:  # the MLA draft layer's widths (drafter/model/mla.py)
+    from drafter.model.mla import MLASpec
     spec["drafter"]["mla"] = MLASpec(**spec["drafter"]["mla"])
 cfg = DrafterConfig(**spec["drafter"])
 tc = TrainConfig(**spec["train"])
@@ -76,8 +76,8 @@ def measure(folder: Path, drafter: dict, train: dict, attention: str) -> dict:
 def k2_verdict() -> str:
     """`finetune`'s own check for the real K2 drafter's config on this host: its one line."""
     from common.errors import BadInput
-    from drafter.config import DrafterConfig
-    from drafter.train import TrainConfig, load_ds_config
+    from drafter.model.config import DrafterConfig
+    from drafter.train.loop import TrainConfig, load_ds_config
     from tuning.memory import check
 
     cfg = DrafterConfig.from_file(ROOT / "configs" / "reference" / "kimi-k2-eagle3.config.json")
@@ -94,8 +94,8 @@ def k2_verdict() -> str:
 
 def k2_activations() -> str:
     """The plan's activations for the real K2 drafter, one sample, TTT 7, bf16, eager against blockwise."""
-    from drafter.config import DrafterConfig
-    from drafter.memory_plan import GIB, activation_bytes
+    from drafter.analysis.memory_plan import GIB, activation_bytes
+    from drafter.model.config import DrafterConfig
 
     cfg = DrafterConfig.from_file(ROOT / "configs" / "reference" / "kimi-k2-eagle3.config.json")
     parts = []
@@ -111,8 +111,8 @@ GPU_BYTES, GPU_RUNTIME = 96 * 10**9, 2 * 1024**3  # an RTX PRO 6000 (96 GB); CUD
 def k2_cluster() -> str:
     """What the real K2 drafter's fine-tuning fits on 8 x 96 GB (bf16, TTT 7, one rank per GPU): per ZeRO
     stage, one 4096-token sample's needs, the most 4096-token samples per GPU and the longest one sample."""
-    from drafter.config import DrafterConfig
-    from drafter.memory_plan import GIB, plan
+    from drafter.analysis.memory_plan import GIB, plan
+    from drafter.model.config import DrafterConfig
 
     cfg = DrafterConfig.from_file(ROOT / "configs" / "reference" / "kimi-k2-eagle3.config.json")
 

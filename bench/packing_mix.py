@@ -8,7 +8,7 @@ SOSP 2023, section 6.1) with sigma 1.0 (a long right tail: the median reply is 2
 twenty passes 1000), cut at 2048 tokens (SpecForge's default max_length). About 68% of the tokens
 are trained. The same samples go to every side.
 
-- drafterops: 4 samples per micro-batch, packed into rows as long as the longest (drafter/packing.py),
+- drafterops: 4 samples per micro-batch, packed into rows as long as the longest (drafter/data/packing.py),
   the forward computing only what the loss reads; and one sample per step.
 - SpecForge, batch 4: its collator pads each sample to the batch's longest.
 - SpecForge, batch 1: what its example configs run (no padding, one sample per step), with its sdpa
@@ -30,9 +30,9 @@ import torch
 
 from bench._common import write_results
 from bench.specforge_step import MEDIUM, load_specforge, ours_model, specforge_model, specforge_ttt_step, timed
-from drafter.data import Sample, collate
-from drafter.loss import loss_positions, pred_mask_from_loss_mask, target_draft_logits, ttt_loss
-from drafter.packing import collate_packed
+from drafter.data.dataset import Sample, collate
+from drafter.data.packing import collate_packed
+from drafter.train.loss import loss_positions, pred_mask_from_loss_mask, target_draft_logits, ttt_loss
 
 PROMPT_MEAN, REPLY_MEAN, SIGMA, MAX_LEN = 161.0, 338.0, 1.0, 2048
 N_SAMPLES, MICRO_BATCH, ROUNDS = 12, 4, 3

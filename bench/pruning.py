@@ -16,11 +16,11 @@ import optuna
 
 from bench._common import write_results
 from common.prompt_files import read_prompts
-from drafter.capture import capture, plan_capture
-from drafter.checkpoint import load_drafter
-from drafter.data import HiddenStateDataset
-from drafter.target import load_target
-from drafter.train import TrainConfig, TrainingStopped, attach_target_embedding, train
+from drafter.data.capture import capture, plan_capture
+from drafter.data.dataset import HiddenStateDataset
+from drafter.formats.checkpoint import load_drafter
+from drafter.model.target import load_target
+from drafter.train.loop import TrainConfig, TrainingStopped, attach_target_embedding, train
 from serving.profile import load_profile
 from tuning.space import load_space, suggest
 

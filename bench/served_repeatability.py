@@ -37,7 +37,7 @@ METHODS = ("whole set", "chunked, unpaced", "chunked, paced")
 
 def encoded(target: Path, name: str, limit: int, max_new: int):
     from common.prompt_files import read_prompts
-    from drafter.evaluation import encode_prompts, stop_token, target_tokenizer
+    from drafter.decode.evaluation import encode_prompts, stop_token, target_tokenizer
     from engines.vllm import Settings
 
     tokenizer, context = target_tokenizer(str(target))

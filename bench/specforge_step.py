@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from bench._common import write_results
-from drafter.config import DrafterConfig
-from drafter.loss import target_draft_logits, ttt_loss
-from drafter.model import Eagle3Drafter
+from drafter.model.config import DrafterConfig
+from drafter.model.eagle3 import Eagle3Drafter
+from drafter.train.loss import target_draft_logits, ttt_loss
 
 MEDIUM = dict(hidden=1024, intermediate=2816, heads=8, kv_heads=8, vocab=32000, draft_vocab=8000, seq=512, ttt=3)
 BATCH, WARMUP, REPS = 1, 1, 7

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import torch
 
-from drafter.data import DatasetWriter, Sample
+from drafter.data.dataset import DatasetWriter, Sample
 
 READER = """
 import resource, sys, time
-from drafter.data import HiddenStateDataset, iterate_batches
+from drafter.data.dataset import HiddenStateDataset, iterate_batches
 ds = HiddenStateDataset(sys.argv[1])
 t = time.perf_counter()
 n = sum(b.num_tokens for b in iterate_batches(ds, list(range(len(ds))), 8, seed=0))

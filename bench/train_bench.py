@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 TRAIN = """
 import json, resource, sys, torch
-from drafter.config import DrafterConfig
-from drafter.data import HiddenStateDataset
-from drafter.train import TrainConfig, scratch_drafter, train
+from drafter.model.config import DrafterConfig
+from drafter.data.dataset import HiddenStateDataset
+from drafter.train.loop import TrainConfig, scratch_drafter, train
 spec = json.loads(sys.argv[2])
 ds = HiddenStateDataset(sys.argv[1])
 cfg = DrafterConfig(**spec["drafter"])

@@ -4,10 +4,10 @@ Both sides train the same drafter (configs/reference/kimi-k2-eagle3.config.json:
 128, intermediate 18432, draft vocabulary 32000; 1.19 B trained parameters) from the same bf16 weights, on
 the same inputs, at TTT 7 and batch 1, each with torch's fused AdamW over bf16 parameters:
 
-- drafterops: drafter/train.py's GPU step: the plan made on the host (drafter/ttt_plan.py), each TTT step's
-  attention one flex_attention kernel under a block mask (drafter/flex_ttt.py), norms, rotary embeddings
-  and SwiGLU compiled (drafter/compiled.py), each step scored as it comes by the fused soft cross-entropy
-  (drafter/ttt_step.py, drafter/soft_ce.py). Its batch arrives in fp32, as the data loader gives it.
+- drafterops: drafter/train/loop.py's GPU step: the plan made on the host (drafter/model/ttt_plan.py), each TTT step's
+  attention one flex_attention kernel under a block mask (drafter/model/flex_ttt.py), norms, rotary embeddings
+  and SwiGLU compiled (drafter/model/compiled.py), each step scored as it comes by the fused soft cross-entropy
+  (drafter/train/ttt_step.py, drafter/train/soft_ce.py). Its batch arrives in fp32, as the data loader gives it.
 - SpecForge: its own `OnlineEagle3Model` over `LlamaForCausalLMEagle3` with its flex_attention backend
   (compiled, as its trainer runs it) and its Triton loss, imported from a checkout (SPECFORGE_SRC, a folder
   holding the `specforge` package: `git archive` of sgl-project/SpecForge). Its teacher is the target's
@@ -39,14 +39,14 @@ from pathlib import Path
 import torch
 
 from bench._common import RESULTS
-from drafter.config import DrafterConfig
-from drafter.data import Batch, Sample
-from drafter.loss import loss_positions, pred_mask_from_loss_mask, target_draft_logits
-from drafter.memory_plan import activation_bytes
-from drafter.model import Eagle3Drafter
-from drafter.packing import collate_packed
-from drafter.ttt_plan import plan_steps
-from drafter.ttt_step import ttt_step_loss
+from drafter.analysis.memory_plan import activation_bytes
+from drafter.data.dataset import Batch, Sample
+from drafter.data.packing import collate_packed
+from drafter.model.config import DrafterConfig
+from drafter.model.eagle3 import Eagle3Drafter
+from drafter.model.ttt_plan import plan_steps
+from drafter.train.loss import loss_positions, pred_mask_from_loss_mask, target_draft_logits
+from drafter.train.ttt_step import ttt_step_loss
 
 K2 = Path(__file__).resolve().parent.parent / "configs" / "reference" / "kimi-k2-eagle3.config.json"
 TTT, WARMUP, TIMED, DECAY = 7, 2, 5, 0.8
@@ -175,7 +175,7 @@ class Inputs:
         batch = collate_packed(samples) if len(samples) > 1 else _single(samples[0])
         self.mask_host = pred_mask_from_loss_mask(batch.loss_mask, batch.segment_ids) & batch.attention_mask
         self.shape = tuple(batch.input_ids.shape)
-        self.host = batch  # the plan is made from the host's masks, as drafter/train.py makes it
+        self.host = batch  # the plan is made from the host's masks, as drafter/train/loop.py makes it
         self.batch = batch.to(DEVICE)
         self.mask = self.mask_host.to(DEVICE)
         self.tokens = int(batch.attention_mask.sum())
@@ -220,7 +220,7 @@ def random_sample(cfg: DrafterConfig, length: int, head: torch.Tensor, prompt: i
 
 
 def ours_step(model: Eagle3Drafter, opt, x: Inputs, head_rows: torch.Tensor):
-    """One training step as drafter/train.py runs it on a GPU (no DeepSpeed here): no host wait."""
+    """One training step as drafter/train/loop.py runs it on a GPU (no DeepSpeed here): no host wait."""
     plan = plan_steps(x.mask_host, TTT, x.shape, x.host.attention_mask, x.host.segment_ids).to(DEVICE)
     counts = loss_positions(x.batch.target_token, x.mask, model.t2d, TTT, x.batch.segment_ids)
     target = target_draft_logits(x.batch.last_hidden.to(torch.bfloat16), head_rows)
@@ -311,17 +311,17 @@ def profile_counts(step, x: Inputs) -> dict:
 def fall_back(results: dict, exc: Exception) -> bool:
     """After a failed first step: flex attention compiled per shape, then the eager norms and loss. Said in
     the results; False when nothing is left to fall back to."""
-    import drafter.compiled
-    import drafter.flex_ttt
+    import drafter.model.compiled
+    import drafter.model.flex_ttt
 
     said = results["meta"].setdefault("fallbacks", [])
     said.append(f"{type(exc).__name__}: {str(exc)[:300]}")
-    if drafter.flex_ttt.DYNAMIC:
-        drafter.flex_ttt.DYNAMIC = False
+    if drafter.model.flex_ttt.DYNAMIC:
+        drafter.model.flex_ttt.DYNAMIC = False
         said.append("flex attention compiled per shape (dynamic shapes failed)")
         return True
-    if drafter.compiled.on_device is not _never:
-        drafter.compiled.on_device = _never
+    if drafter.model.compiled.on_device is not _never:
+        drafter.model.compiled.on_device = _never
         said.append("norms, rotary, SwiGLU and the loss uncompiled")
         return True
     return False
@@ -336,8 +336,8 @@ def check(results: dict, deadline: float) -> None:
     """The GPU path's bf16 loss and gradients against an fp32 reference on the CPU (eager attention,
     drafter/loss.ttt_loss), beside the same reference for eager attention in bf16 on the GPU: the flex path
     must be no further from fp32 than bf16's own rounding puts the eager path (within 2x)."""
-    from drafter.loss import ttt_loss
-    from drafter.mla import MLASpec
+    from drafter.model.mla import MLASpec
+    from drafter.train.loss import ttt_loss
 
     small = dict(
         hidden_size=512,
@@ -382,7 +382,7 @@ def check(results: dict, deadline: float) -> None:
 
 
 def _check_case(cfg: DrafterConfig, layout: str, ttt: int, ttt_loss) -> dict:  # noqa: ANN001
-    from drafter.data import collate
+    from drafter.data.dataset import collate
 
     torch.manual_seed(0)
     cpu = Eagle3Drafter(cfg)
@@ -483,7 +483,7 @@ SMALL = dict(
 
 
 def deepspeed_trial(results: dict, steps: int = 16) -> None:
-    """One finetune trial's training as drafter/train.py runs it on this GPU (DeepSpeed, ZeRO-2, bf16, one
+    """One finetune trial's training as drafter/train/loop.py runs it on this GPU (DeepSpeed, ZeRO-2, bf16, one
     rank) against the benchmark's step in a plain loop with DeepSpeed's optimizer arithmetic (fp32 master
     weights, AdamW, gradient clipping, its WarmupCosineLR): the same loss curve within bf16's rounding; and
     the run's peak memory against the memory plan."""
@@ -496,9 +496,9 @@ def deepspeed_trial(results: dict, steps: int = 16) -> None:
     except ImportError as exc:
         results["deepspeed"] = {"skipped": f"DeepSpeed is not installed here ({exc})"}
         return
-    import drafter.train as train_module
-    from drafter.data import DatasetWriter, HiddenStateDataset, split_indices
-    from drafter.memory_plan import plan
+    import drafter.train.loop as train_module
+    from drafter.analysis.memory_plan import plan
+    from drafter.data.dataset import DatasetWriter, HiddenStateDataset, split_indices
 
     cfg = DrafterConfig(**(TINY if DEVICE == "cpu" else SMALL))
     g = torch.Generator().manual_seed(3)

@@ -41,9 +41,9 @@ def record_trace(limit: int) -> dict:
     """Accepted drafts per verify cycle, per prompt, decoding the pinned workload in-process."""
     from common.paths import MINIWORLD
     from common.prompt_files import read_prompts
-    from drafter.checkpoint import load_drafter
-    from drafter.evaluation import evaluate_online
-    from drafter.target import load_target
+    from drafter.decode.evaluation import evaluate_online
+    from drafter.formats.checkpoint import load_drafter
+    from drafter.model.target import load_target
 
     target = load_target(MINIWORLD / "k2.5-mini", dtype="float32", progress=False)
     drafter = load_drafter(MINIWORLD / "aq-mini-eagle3", embedding=target.embedding_weight.detach().float()).eval()

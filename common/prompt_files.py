@@ -1,5 +1,5 @@
 """Prompt files (JSON Lines), read and checked line by line, and their digest: what a profile pins, what
-make_data captures from and what evaluate decodes. No tokenizer here: drafter.prompts tokenizes.
+make_data captures from and what evaluate decodes. No tokenizer here: drafter.data.prompts tokenizes.
 
 Each line is {"messages": [{"role": ..., "content": ...}, ...]} or {"text": ...}.
 """

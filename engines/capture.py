@@ -3,7 +3,7 @@ loads in this process, so its states come from the vLLM server that runs it.
 
 vLLM 0.32 captures with its `extract_hidden_states` speculative method: the layers named in
 `eagle_aux_hidden_state_layer_ids` (vLLM's reading: id i is the *input* of layer i, so the drafter's
-ids are handed as i + 1, drafter/aux_layers.py; id == num_layers is the last layer's output before the
+ids are handed as i + 1, drafter/formats/aux_layers.py; id == num_layers is the last layer's output before the
 final norm) go into a cache-only KV layer, and a KV connector writes each finished request's states to
 `<shared_storage_path>/<request>.safetensors` (`hidden_states [T, layers, H]`, `token_ids [T]`),
 naming the file in the response's `kv_transfer_params`. On a GPU that is vLLM's own
@@ -43,10 +43,10 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from common.errors import BadInput, InternalError
-from drafter.aux_layers import handed_ids
-from drafter.checkpoint import read_header
-from drafter.config import TargetConfig
-from drafter.data import CapturedStates
+from drafter.data.dataset import CapturedStates
+from drafter.formats.aux_layers import handed_ids
+from drafter.formats.checkpoint import read_header
+from drafter.model.config import TargetConfig
 
 SERVED_NAME = "target"
 CPU_CONNECTOR = ("HostHiddenStatesConnector", "drafterops_capture")
@@ -182,7 +182,7 @@ class FilesBackedSource:
 
 @dataclass
 class ServedStates(FilesBackedSource):
-    """A capturing vLLM server as a drafter.capture.StateSource."""
+    """A capturing vLLM server as a drafter.data.capture.StateSource."""
 
     url: str
     files: TargetFiles

@@ -2,7 +2,7 @@
 `scripts/prepare_hidden_states.py` runs the target on an SGLang engine (a GPU, tensor parallel over
 `--nproc_per_node` ranks) and writes one `.ckpt` per sample (`input_ids`, `loss_mask`, `hidden_state` after
 the final norm, `aux_hidden_state`); the project then takes each prompt's states from those files (read with
-`weights_only=True`, drafter/data.py `SpecForgeDataset`) into its own dataset.
+`weights_only=True`, drafter/data/dataset.py `SpecForgeDataset`) into its own dataset.
 
 SpecForge tokenizes with a chat template of its own, named (`--chat-template`); the project's dataset keeps
 the target's own template. Each prompt's tokens from SpecForge must therefore be exactly the tokens the
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import BadInput, InternalError
-from drafter.data import CapturedStates, SpecForgeDataset
+from drafter.data.dataset import CapturedStates, SpecForgeDataset
 from engines.capture import FilesBackedSource, TargetFiles
 
 SCRIPT = Path("scripts") / "prepare_hidden_states.py"
@@ -75,7 +75,7 @@ def specforge_command(
 
 @dataclass
 class SpecForgeStates(FilesBackedSource):
-    """SpecForge's capture files as a drafter.capture.StateSource: each prompt's states found by its tokens."""
+    """SpecForge's capture files as a drafter.data.capture.StateSource: each prompt's states found by its tokens."""
 
     files: TargetFiles
     tokenizer: Any

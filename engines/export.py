@@ -5,7 +5,7 @@
 - `vllm`: the same layout, ids in vLLM's reading (i + 1), for `--speculative-config`.
 - `speculators`: vLLM's own format (drafter/speculators_format): `vllm serve <folder>` pairs it with
   its verifier, the target as vLLM loads it.
-Every norm flag is written out as the drafter has it (EAGLE-3.1's norms, drafter/config.py), `embed_tokens`
+Every norm flag is written out as the drafter has it (EAGLE-3.1's norms, drafter/model/config.py), `embed_tokens`
 is left out (engines take the target's), and vLLM is handed the target as it loads it (engines/target_view).
 An MLA draft layer goes out as `Eagle3DeepseekV3ForCausalLM` for vllm and sglang; it has no speculators form.
 """
@@ -18,10 +18,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from common.errors import BadInput
-from drafter import aux_layers
-from drafter.checkpoint import export_drafter, load_config
-from drafter.config import TargetConfig
-from drafter.speculators_format import NORM_FLAGS, to_speculators
+from drafter.formats import aux_layers
+from drafter.formats.checkpoint import export_drafter, load_config
+from drafter.formats.speculators import NORM_FLAGS, to_speculators
+from drafter.model.config import TargetConfig
 from engines import environment, sglang, vllm
 
 ENGINES = ("sglang", "vllm", "speculators")

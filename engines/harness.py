@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import BadInput, InternalError
-from drafter import aux_layers
-from drafter.checkpoint import load_config
+from drafter.formats import aux_layers
+from drafter.formats.checkpoint import load_config
 from engines import environment, export, sglang, vllm
 from engines.measurement import EngineRun, Launch, first_difference
 from engines.protocol import Job
@@ -237,7 +237,7 @@ class ServingEngine:
             environment.engine_version(environment.find_python(self.name, self.python), self.name)
 
     def measure(self, job: Job, reference: Any = None) -> ServedRun:
-        from drafter.evaluation import encode_prompts, stop_token, target_tokenizer
+        from drafter.decode.evaluation import encode_prompts, stop_token, target_tokenizer
 
         tokenizer, context = target_tokenizer(job.target)
         prompts, _ = encode_prompts(tokenizer, job.records, context, job.max_new_tokens, job.k)

@@ -1,4 +1,4 @@
-"""The project's own decoder as an engine (drafter/speculate.py, in this process): the reference every
+"""The project's own decoder as an engine (drafter/decode/speculate.py, in this process): the reference every
 served figure is checked against, and the only engine for a target that fits here."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 from common.errors import InternalError
 from common.paths import PROFILE_DIR
-from drafter.evaluation import NEAR_TIE_SHARE, OnlineResult, evaluate_online
+from drafter.decode.evaluation import NEAR_TIE_SHARE, OnlineResult, evaluate_online
 from engines.protocol import Job, Measurement
 from serving.profile import Profile, load_profile
 

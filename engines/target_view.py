@@ -22,8 +22,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from common.errors import BadInput
-from drafter.checkpoint import read_header, weight_files
-from drafter.config import TargetConfig
+from drafter.formats.checkpoint import read_header, weight_files
+from drafter.model.config import TargetConfig
 
 VIEW_FORMAT = 1  # bump when the view's layout changes, so cached views are rebuilt
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")

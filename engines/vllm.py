@@ -92,7 +92,7 @@ CPU_MLA_REFUSAL = (
 
 def mla_drafter(folder: Path) -> bool:
     """Whether the folder's draft layer is MLA (vLLM's Eagle3DeepseekV2/V3ForCausalLM)."""
-    from drafter import mla
+    from drafter.model import mla
 
     try:
         archs = json.loads((Path(folder) / "config.json").read_text()).get("architectures") or []

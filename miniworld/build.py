@@ -6,7 +6,7 @@ It replays the seed's story in miniature with real trained models:
 2. k2-mini: a DeepSeek-V3 (MLA + MoE) language model trained on era one, saved as a flat HF folder;
 3. k2.5-mini: k2-mini continued on a mix shifted to era two, saved the way Kimi-K2.5 ships;
 4. prompt sets whose assistant turns each target wrote itself (greedy), as SpecForge regenerates data;
-5. aq-mini-eagle3: an EAGLE-3 drafter trained (drafter/train.py, DeepSpeed) on k2-mini hidden states
+5. aq-mini-eagle3: an EAGLE-3 drafter trained (drafter/train/loop.py, DeepSpeed) on k2-mini hidden states
    from 20x more conversations than the K2.5 fine-tuning set, saved like AQ-MedAI's release;
 6. (`--stage families`, over the pool) the K2.5-era public drafters of every family, trained for k2.5-mini
    and shipped in their exporters' layouts (miniworld/families.py).
@@ -204,7 +204,7 @@ def write_jsonl(path: Path, records: list[dict]) -> None:
 
 # ------------------------------------------------------------------------------------------- drafter
 def drafter_config(cfg: BuildConfig, tok):
-    from drafter.config import DrafterConfig
+    from drafter.model.config import DrafterConfig
 
     return DrafterConfig(
         hidden_size=cfg.hidden_size,
@@ -247,8 +247,8 @@ MIT
 
 
 def capture_set(target_dir: Path, records: list[dict], out: Path, max_len: int = 256) -> Path:
-    from drafter.capture import capture, plan_capture
-    from drafter.target import load_target
+    from drafter.data.capture import capture, plan_capture
+    from drafter.model.target import load_target
 
     target = load_target(target_dir)
     meta = {
@@ -265,8 +265,8 @@ def capture_set(target_dir: Path, records: list[dict], out: Path, max_len: int =
 
 
 def sim_accept_len(model, dataset_dir: Path, steps: int = 3) -> tuple[float, list[float]]:
-    from drafter.data import HiddenStateDataset
-    from drafter.train import offline_stats
+    from drafter.data.dataset import HiddenStateDataset
+    from drafter.train.loop import offline_stats
 
     ds = HiddenStateDataset(dataset_dir)
     stats = offline_stats(model, ds, list(range(len(ds))), ds.target_head()[model.t2d].float(), steps)
@@ -359,12 +359,12 @@ def replay_aq_records(cfg: BuildConfig, out: Path) -> list[dict]:
 
 
 def build_drafter(cfg: BuildConfig, out: Path, aq_records: list[dict], figures: dict) -> None:
-    """aq-mini-eagle3: trained with drafter/train.py (DeepSpeed) on k2-mini hidden states."""
+    """aq-mini-eagle3: trained with drafter/train/loop.py (DeepSpeed) on k2-mini hidden states."""
     from transformers import AutoTokenizer
 
-    from drafter.checkpoint import save_drafter
-    from drafter.data import HiddenStateDataset
-    from drafter.train import TrainConfig, scratch_drafter, train
+    from drafter.data.dataset import HiddenStateDataset
+    from drafter.formats.checkpoint import save_drafter
+    from drafter.train.loop import TrainConfig, scratch_drafter, train
 
     tok = AutoTokenizer.from_pretrained(out / "k2-mini")
     k2_val_records = [json.loads(x) for x in (out / "prompts" / "k2-val.jsonl").read_text().splitlines()]
@@ -439,7 +439,7 @@ def over_full_build(cfg: BuildConfig, out: Path, stage: str):
     """(build record, tokenizer, k2.5-mini in fp32) of an earlier full build with these settings."""
     from transformers import AutoTokenizer
 
-    from drafter.target import load_target
+    from drafter.model.target import load_target
 
     record = json.loads((out / "build_record.json").read_text())
     if record.get("config") != asdict(cfg):

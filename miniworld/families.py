@@ -1,6 +1,6 @@
 """The mini world's K2.5-era public drafters: one per family the project reads, each trained for
 k2.5-mini (as the public K2.5 drafters were) with a recipe of its own, and shipped in its exporter's
-layout (drafter/layouts.py):
+layout (drafter/formats/layouts.py):
 
 - ls-mini-eagle3-mla: an MLA draft layer (TorchSpec's, lightseekorg/kimi-k2.5-eagle3-mla);
 - nv-mini-eagle3: ModelOpt's export layout (nvidia/Kimi-K2.5-Thinking-Eagle3);
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from drafter.mla import MLASpec
+from drafter.model.mla import MLASpec
 
 CARD = """---
 license: mit
@@ -47,7 +47,7 @@ MIT
 class Recipe:
     name: str
     public: str  # the public drafter it stands in for
-    layout: str  # drafter/layouts.py
+    layout: str  # drafter/formats/layouts.py
     steps: int
     pool: int  # conversations of the k2.5 pool it trains on (plus k2.5-train)
     intermediate: int
@@ -104,7 +104,7 @@ RECIPES = (
 
 
 def drafter_config(recipe: Recipe, target: Path, aux: list[int], draft_vocab: int):
-    from drafter.config import DrafterConfig, TargetConfig
+    from drafter.model.config import DrafterConfig, TargetConfig
 
     tc = TargetConfig.from_file(target)
     return DrafterConfig(
@@ -157,9 +157,9 @@ def build_family(
     recipe: Recipe, out: Path, train_data: Path, val_data: Path, aux: list[int], draft_vocab: int, seed: int
 ) -> dict[str, Any]:
     """Train one family drafter and write it in its layout under out/<name>; returns its figures."""
-    from drafter.data import HiddenStateDataset
-    from drafter.layouts import write_layout
-    from drafter.train import TrainConfig, offline_stats, scratch_drafter, train
+    from drafter.data.dataset import HiddenStateDataset
+    from drafter.formats.layouts import write_layout
+    from drafter.train.loop import TrainConfig, offline_stats, scratch_drafter, train
 
     ds = HiddenStateDataset(train_data)
     vocab = json.loads((out / "k2.5-mini" / "config.json").read_text())["text_config"]["vocab_size"]

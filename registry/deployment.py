@@ -52,7 +52,7 @@ class Deployment:
 
 def deployment(profile: Profile) -> Deployment:
     """The profile's deployment, checked: the calibration's signature, the target, the break-evens."""
-    from drafter.fingerprint import target_digest
+    from drafter.analysis.fingerprint import target_digest
 
     trust = trust_for(profile)
     claims = profile.calibrated
@@ -92,7 +92,7 @@ def deployment(profile: Profile) -> Deployment:
 def _precision(profile: Profile, target: str, calibrated: bool) -> str:
     """The precision evidence must be measured at: the one calibrate served the target at, else the
     target's own (its checkpoint's); "" when the profile names no target."""
-    from drafter.target import target_precision
+    from drafter.model.target import target_precision
 
     if calibrated:  # calibrations before the precision was recorded served the target at float32
         return str(profile.measured.get("target_precision") or "float32")

@@ -370,7 +370,7 @@ def recompute(c: Any, mv: Any, profile: Profile, dep: Any = None, holder: bool =
     `holder`: the version holds the alias, and its figure is what a candidate must not fall short of: a lost
     record of it is a finding, never a block (a block would freeze production on it). `decide_on`: only that
     run's record decides (recertify's fresh measurement); every other run is at most a finding."""
-    from drafter.compat import check_compat, drafter_facts, target_facts, verdict
+    from drafter.analysis.compat import check_compat, drafter_facts, target_facts, verdict
     from registry import store
     from registry.deployment import deployment
     from registry.lineage import lineage, overlap
@@ -450,7 +450,7 @@ def recompute(c: Any, mv: Any, profile: Profile, dep: Any = None, holder: bool =
 
 def priced_profile(profile: Profile, folder: Any) -> tuple[Profile, str]:
     """The profile priced for this drafter's draft step (serving.cost.priced_for), read from its config."""
-    from drafter.step_cost import folder_step_cost
+    from drafter.analysis.step_cost import folder_step_cost
     from serving.cost import priced_for
 
     return priced_for(profile, folder_step_cost(folder).per_step)

@@ -46,7 +46,7 @@ class DrafterPyfunc:
     it as {'embedding': [[...]]} once, or load a folder that includes embed_tokens."""
 
     def __init__(self, folder: str) -> None:
-        from drafter.checkpoint import load_drafter
+        from drafter.formats.checkpoint import load_drafter
 
         self.folder = folder
         self.model = load_drafter(folder)
@@ -54,7 +54,7 @@ class DrafterPyfunc:
     def predict(self, model_input: Any, params: dict[str, Any] | None = None) -> list[int]:
         import torch
 
-        from drafter.model import DraftCache
+        from drafter.model.eagle3 import DraftCache
 
         data = dict(model_input) if not hasattr(model_input, "to_dict") else model_input.to_dict("list")
         if "embedding" in data:

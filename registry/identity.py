@@ -1,4 +1,4 @@
-"""A drafter's identity by content: the values of its tensors (drafter.fingerprint.tensor_digest, whatever
+"""A drafter's identity by content: the values of its tensors (drafter.analysis.fingerprint.tensor_digest, whatever
 file, metadata or lossless precision they were saved in) and its config.json in one canonical spelling. Two
 drafters with the same weights and other aux layer ids are two drafters; a tag says nothing about either.
 `compare` matches a folder to a registered version by this, never by the version's `sha256` tag (which any
@@ -15,7 +15,7 @@ from registry import naming
 
 def content_identity(folder: Path) -> str:
     """sha256 over the weights' canonical digest and the canonical config.json digest."""
-    from drafter.fingerprint import tensor_digest
+    from drafter.analysis.fingerprint import tensor_digest
     from registry.store import drafter_files
 
     config = drafter_files(folder)["config.json"]

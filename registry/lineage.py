@@ -4,12 +4,12 @@ and of everything it descends from, found by the weights' values, not by names o
 `make_data` records the identity of each prompt a dataset was captured from (serving.workload.prompt_key,
 covered by the dataset's digest); `finetune` logs them with the run that registers a version
 (`lineage/training_prompts.json`), with the content digest of the weights it produced and of the init it
-started from (drafter.fingerprint.tensor_digest), the produced digest also as a param nobody can change,
+started from (drafter.analysis.fingerprint.tensor_digest), the produced digest also as a param nobody can change,
 and the file's sha256 beside it. A version's lineage is then every such run whose produced weights have
 the version's digest, and, through each run's init digest, everything before it: a fine-tune from a
 registry URI, a folder or a hub id, and weights re-saved or re-imported under another name, all lead back
 to the same runs. The digest hashes values at one precision (a lossless re-save in float32 is the same
-weights), and each run also keeps a sketch of its weights (drafter.sketch), so a near-copy (a little noise,
+weights), and each run also keeps a sketch of its weights (drafter.analysis.sketch), so a near-copy (a little noise,
 a lossy re-save: within 1% of the weights' norm) inherits the lineage of the weights it is near. An
 evaluation on prompts the candidate (or an ancestor) was trained on measures memory,
 not acceptance: such a candidate is refused on that evaluation set. A drafter imported from outside
@@ -33,7 +33,7 @@ SHA_PARAM = "drafterops.lineage_sha256"  # the lineage file's sha256 as logged
 def log_training_prompts(dataset: Any, weights_digest: str = "", init_digest: str = "", sketch: Any = None) -> None:
     """Into the active run (the one that registers the version): the dataset's prompt identities, the content
     digests of the weights produced and of the init they started from, and the weights' sketch
-    (drafter.sketch: how near-copies of them are recognised)."""
+    (drafter.analysis.sketch: how near-copies of them are recognised)."""
     import mlflow
 
     keys = list(dataset.index.get("meta", {}).get("prompt_keys", []))
@@ -95,11 +95,11 @@ def lineage(c: Any, mv: Any, depth: int = 256, folder: Path | None = None) -> Li
 
 
 def _by_content(c: Any, folder: Path, depth: int, out: Lineage) -> None:
-    """Every run that produced these weights (by value at a canonical precision, or within drafter.sketch.NEAR
+    """Every run that produced these weights (by value at a canonical precision, or within drafter.analysis.sketch.NEAR
     of them), then every run that produced their init, and so on."""
     from common.errors import BadInput
-    from drafter.fingerprint import legacy_tensor_digest, tensor_digest
-    from drafter.sketch import weights_sketch
+    from drafter.analysis.fingerprint import legacy_tensor_digest, tensor_digest
+    from drafter.analysis.sketch import weights_sketch
     from registry.runs import all_experiment_ids, runs_with_param
 
     try:
@@ -133,7 +133,7 @@ def _by_content(c: Any, folder: Path, depth: int, out: Lineage) -> None:
 
 def _near_copies(c: Any, experiments: list[str], sketch: Any, out: Lineage) -> list[tuple[Any, dict]]:
     """The lineage runs whose weights have these tensors' names and shapes and lie within NEAR of them."""
-    from drafter.sketch import NEAR, Sketch, relative_distance
+    from drafter.analysis.sketch import NEAR, Sketch, relative_distance
     from registry.runs import runs_with_param
 
     near = []

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from drafter.config import DrafterConfig
+from drafter.model.config import DrafterConfig
 
 
 @dataclass

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import BadInput
-from drafter.checkpoint import INDEX_FILE, weight_files
+from drafter.formats.checkpoint import INDEX_FILE, weight_files
 from registry import naming
 from registry.reference import DrafterRef
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from reports.plotting import pyplot
 
 if TYPE_CHECKING:
-    from drafter.probe import Similarity
+    from drafter.analysis.probe import Similarity
 
 
 def figure(sim: Similarity, acc_old: list[float], acc_new: list[float], title: str):

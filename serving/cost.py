@@ -18,7 +18,7 @@ def break_even_accept_len(profile: Profile) -> float:
 
 def priced_for(profile: Profile, step_params: int) -> tuple[Profile, str]:
     """The profile with its draft steps priced for a drafter whose step reads `step_params` parameters
-    (drafter.step_cost), and the sentence that says so. A step bound by reading its weights costs in
+    (drafter.analysis.step_cost), and the sentence that says so. A step bound by reading its weights costs in
     proportion to them, so where the profile records what its timed drafter's step read and this one reads
     more, draft_step_ms (at every operating point, and the timed cycles' draft part) grows by the ratio.
     Never priced down: a cheaper step is credited only by timing it (calibrate with that drafter)."""

@@ -71,7 +71,7 @@ class Profile:
     signed: dict = field(default_factory=dict, compare=False)  # calibrate's signature over values and measured
     # context bucket (serving.workload.context_buckets) -> the projected speed-up its conversations must reach
     context_floors: tuple[tuple[str, float], ...] = field(default=())
-    # parameters one draft step reads (drafter.step_cost) of the drafter draft_step_ms was timed with: a
+    # parameters one draft step reads (drafter.analysis.step_cost) of the drafter draft_step_ms was timed with: a
     # drafter whose step reads more is priced up by the ratio (serving.cost.priced_for); 0: not recorded
     draft_step_params: int = 0
     # what the production watch does about a drop (registry/watch.Policy's fields): action, tolerance, ...

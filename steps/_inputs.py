@@ -89,7 +89,7 @@ def resolve_model(model: str) -> tuple[Path, Any]:
 def require_fit(folder: str | Path, target: str | Path, refusal: str) -> None:
     """The shape gate's checks from headers: bad input (`refusal: what differs`) when the drafter cannot run
     on the target, so nothing is measured or exported with a drafter that does not fit."""
-    from drafter.compat import check_compat, drafter_facts, passed, target_facts
+    from drafter.analysis.compat import check_compat, drafter_facts, passed, target_facts
 
     checks = check_compat(drafter_facts(folder), target_facts(target))
     if not passed(checks):

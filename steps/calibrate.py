@@ -161,12 +161,12 @@ def measure(request: Request) -> Timings:
 def encode(args, limit: int, max_new: int):
     """The prompts as token ids (as evaluate sends them), the prompt file's digest, and the request settings."""
     from common.prompt_files import file_digest, read_prompts
-    from drafter.evaluation import encode_prompts, stop_token, target_tokenizer
+    from drafter.decode.evaluation import encode_prompts, stop_token, target_tokenizer
     from engines.vllm import Settings
 
     path = Path(args.prompts)
     records = read_prompts(path, limit)
-    from drafter.target import target_precision
+    from drafter.model.target import target_precision
 
     tokenizer, context = target_tokenizer(args.target)
     ids, _ = encode_prompts(tokenizer, records, context, max_new, 64)
@@ -200,8 +200,8 @@ def time_launched(args, prompts, loads, s):
     """One plain server and one speculative server per depth, launched here."""
     import tempfile
 
-    from drafter.checkpoint import load_config
-    from drafter.step_cost import folder_step_cost
+    from drafter.analysis.step_cost import folder_step_cost
+    from drafter.formats.checkpoint import load_config
     from engines import calibration, environment, export
 
     depths = integers(args.draft_steps, "draft_steps", 1, MAX_CONCURRENCY)
@@ -219,7 +219,7 @@ def time_launched(args, prompts, loads, s):
         bar.update()
     finally:
         bar.close()
-    from drafter.fingerprint import target_digest
+    from drafter.analysis.fingerprint import target_digest
 
     measured = {
         "engine": version,
@@ -229,7 +229,7 @@ def time_launched(args, prompts, loads, s):
         "drafter_aux_layer_ids": list(load_config(folder).aux_layer_ids),
         "hardware": hardware(logs),
     }
-    if not measured["hardware"].startswith("cpu"):  # what its draft steps read (drafter.step_cost): the size
+    if not measured["hardware"].startswith("cpu"):  # what its draft steps read (drafter.analysis.step_cost): the size
         # other drafters' steps are priced by; a CPU's step is bound by its operations instead (not recorded)
         measured["drafter_step_params"] = folder_step_cost(folder).per_step
     if args.synthetic == "yes":
@@ -352,7 +352,7 @@ def conclude(request: Request, t: Timings) -> Calibration:
 
 def deployed_target_digest(target: str) -> str:
     """The digest of the target the engine served, which evidence for this profile must then carry."""
-    from drafter.fingerprint import target_digest
+    from drafter.analysis.fingerprint import target_digest
 
     try:
         return target_digest(target)

@@ -149,8 +149,8 @@ class Evaluation:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from drafter.checkpoint import load_config
-    from drafter.config import check_depth
+    from drafter.formats.checkpoint import load_config
+    from drafter.model.config import check_depth
 
     request = parse(args)
     folder, mv = resolve_model(args.model)
@@ -195,7 +195,7 @@ def parse(args: argparse.Namespace) -> Request:
     if not classes and engine != "in-process":
         raise BadInput(f"--engine {engine} measures on prompts: give --prompts")
     served = engine_settings(args) if engine != "in-process" else None  # first: the reference takes minutes
-    from drafter.target import check_precision
+    from drafter.model.target import check_precision
 
     return Request(
         args, profile, deployment, deployment.binding(), k, temperature, max_new, limit, seed, data, classes, scope,
@@ -217,7 +217,7 @@ def priced(request: Request, folder: Path) -> Request:
 def deployment_target(request: Request) -> tuple[Any, str]:
     """The profile's deployment (None when it names no target: promote says why, where it matters) and
     this evaluation's target digest, read once for the precision and the warning below."""
-    from drafter.fingerprint import target_digest
+    from drafter.analysis.fingerprint import target_digest
     from registry.deployment import deployment
 
     try:
@@ -230,7 +230,7 @@ def deployment_target(request: Request) -> tuple[Any, str]:
 def measuring_precision(request: Request, dep: Any, digest: str) -> str:
     """--dtype as given; auto: the precision the profile's deployment serves its target at (what calibrate
     served it at, else its own) when this is that target, so the record counts there; else the target's own."""
-    from drafter.target import target_precision
+    from drafter.model.target import target_precision
 
     args = request.args
     if args.dtype != "auto":
@@ -286,8 +286,8 @@ def measure(request: Request, folder: Path, mv: Any) -> Evaluation:
     """Offline acceptance on held-out states, then the prompts decoded by each engine in turn (the
     project's own decoder first when it runs, then the serving engine held to it), projected onto the
     profile's binding operating point."""
-    from drafter.checkpoint import load_drafter
-    from drafter.target import PRECISIONS, load_target
+    from drafter.formats.checkpoint import load_drafter
+    from drafter.model.target import PRECISIONS, load_target
     from engines.inprocess import InProcess
     from engines.protocol import Job
 
@@ -333,11 +333,11 @@ def warn(measured: Any, binding: Any) -> None:
 
 def measure_offline(request: Request, drafter: Any, out: Evaluation) -> None:
     """Teacher-forced acceptance on a held-out hidden-state dataset (sim_accept_len, offline_acc_pos_i)."""
-    from drafter.data import HiddenStateDataset
-    from drafter.train import check_fit, offline_stats
+    from drafter.data.dataset import HiddenStateDataset
+    from drafter.train.loop import check_fit, offline_stats
 
     ds = HiddenStateDataset(request.data)
-    check_fit(drafter.config, ds)
+    check_fit(drafter.model.config, ds)
     out.dataset_digest = ds.index.get("digest", "")
     stats = offline_stats(drafter, ds, list(range(len(ds))), ds.target_head()[drafter.t2d].float(), request.k)
     out.offline_acc = stats.conditional_acceptance
@@ -351,7 +351,7 @@ def measure_classes(request: Request, out: Evaluation) -> None:
     m, measured, k = out.metrics, out.measured, request.k
     out.by_class = workload_figures(request.classes, measured.per_prompt, request.binding)
     m.update(figure_metrics(*out.by_class, request.binding))
-    from drafter.evaluation import context_lengths
+    from drafter.decode.evaluation import context_lengths
 
     out.contexts = context_lengths(request.args.target, request.records, request.max_new, k, measured.outputs)
     if out.contexts is not None:
@@ -625,7 +625,7 @@ def warn_contamination(mv, classes: list[MeasuredClass]) -> list[str]:
 
 def evidence_record(request: Request, ev: Evaluation):
     """The whole evaluation as evidence: what was measured, on what, under which conditions."""
-    from drafter.fingerprint import target_digest
+    from drafter.analysis.fingerprint import target_digest
     from registry import store
     from registry.evidence import ClassCounts, EvidenceRecord
     from serving.workload import prompt_key

@@ -106,7 +106,7 @@ def parse(args: argparse.Namespace) -> tuple[Request, Any]:
 
 def write(engine: str, r: Request) -> None:
     """The folder the engine loads, serve.sh and EXPORT.md, written in a staging folder and renamed into place."""
-    from drafter.compat import target_facts
+    from drafter.analysis.compat import target_facts
     from engines import export
     from engines.vllm import Settings
 

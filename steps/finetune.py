@@ -13,8 +13,8 @@ from typing import Any
 
 from common.errors import BadInput
 from common.paths import MINIWORLD
-from drafter.memory_plan import GIB
-from drafter.train import TrainConfig
+from drafter.analysis.memory_plan import GIB
+from drafter.train.loop import TrainConfig
 from registry.naming import TAG_REPLIES
 from steps._cli import log_params, none_if_empty, parser, run_step, step_run
 from steps._inputs import integer
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
 
 def parse(args: argparse.Namespace) -> tuple[FinetuneRequest, Any]:
     """Every argument checked before any work: names, numbers, the DeepSpeed config, the search space."""
-    from drafter.train import load_ds_config, micro_batch
+    from drafter.train.loop import load_ds_config, micro_batch
     from registry import naming
     from serving.profile import load_profile
     from tuning import memory

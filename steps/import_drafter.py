@@ -10,10 +10,10 @@ from pathlib import Path
 
 from common.errors import BadInput
 from common.paths import MINIWORLD
-from drafter.checkpoint import header_problems, load_config, read_header
-from drafter.config import read_json
-from drafter.layouts import detect, family_of
-from drafter.speculators_format import verifier_of
+from drafter.formats.checkpoint import header_problems, load_config, read_header
+from drafter.formats.layouts import detect, family_of
+from drafter.formats.speculators import verifier_of
+from drafter.model.config import read_json
 from registry import naming
 from registry.resolve import HUB_DRAFTER_FILES, parse_hub_ref
 from steps._cli import log_params, none_if_empty, parser, run_step, step_run
@@ -93,11 +93,11 @@ def convert_pickle(folder: Path, out: Path) -> Path:
 
 
 def to_project_with_card(folder: Path, out: Path) -> Path:
-    """A folder in another layout (drafter/layouts.py) as the project's, its card and licence kept for the
+    """A folder in another layout (drafter/formats/layouts.py) as the project's, its card and licence kept for the
     provenance."""
     import shutil
 
-    from drafter.layouts import to_project
+    from drafter.formats.layouts import to_project
 
     to_project(folder, out)
     for name in ("README.md", "LICENSE"):
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
 
 def project_layout(folder: Path, tmp: Path, allow_pickle: bool) -> tuple[Path, dict[str, str]]:
     """The drafter in the project's own layout: pickled weights converted only when allowed (read with
-    weights_only=True), the other layouts public drafters ship in converted (drafter/layouts.py); with what
+    weights_only=True), the other layouts public drafters ship in converted (drafter/formats/layouts.py); with what
     the conversion was, as tags."""
     pickles = [p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES]
     if pickles and not any(folder.glob("*.safetensors")):

@@ -15,11 +15,11 @@ from typing import Any
 
 from common.errors import BadInput
 from common.prompt_files import file_digest, read_prompts
-from drafter.capture import TargetFacts, bytes_per_token, capture, plan_capture
-from drafter.config import TargetConfig
-from drafter.data import INDEX, PARTIAL, REGENERATED, preflight
-from drafter.regenerate import count_changes, regenerate
-from drafter.target import check_layer_ids, load_target, load_tokenizer, resolve_local, target_precision
+from drafter.data.capture import TargetFacts, bytes_per_token, capture, plan_capture
+from drafter.data.dataset import INDEX, PARTIAL, REGENERATED, preflight
+from drafter.data.regenerate import count_changes, regenerate
+from drafter.model.config import TargetConfig
+from drafter.model.target import check_layer_ids, load_target, load_tokenizer, resolve_local, target_precision
 from engines.environment import find_python
 from serving.workload import prompt_key
 from steps._cli import log_params, none_if_empty, parser, run_step, step_run

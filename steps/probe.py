@@ -66,12 +66,12 @@ def measure(args: argparse.Namespace, profile: Any, limit: int, max_len: int) ->
     """Both targets' states captured on the same prompts, compared layer by layer, and the drafter run zero-shot
     on each."""
     from common.prompt_files import read_prompts
-    from drafter.capture import capture_records
-    from drafter.checkpoint import load_drafter
-    from drafter.config import check_depth
-    from drafter.data import HiddenStateDataset
-    from drafter.probe import compare, verdict
-    from drafter.train import attach_target_embedding, check_fit, offline_stats
+    from drafter.analysis.probe import compare, verdict
+    from drafter.data.capture import capture_records
+    from drafter.data.dataset import HiddenStateDataset
+    from drafter.formats.checkpoint import load_drafter
+    from drafter.model.config import check_depth
+    from drafter.train.loop import attach_target_embedding, check_fit, offline_stats
     from serving.cost import break_even_accept_len
 
     k = profile.draft_steps
@@ -83,14 +83,14 @@ def measure(args: argparse.Namespace, profile: Any, limit: int, max_len: int) ->
         records = read_prompts(args.prompts, limit or None)
     folder, mv = resolve_model(args.drafter)
     drafter = load_drafter(folder)
-    check_depth(drafter.config, k, "the profile's draft steps")  # a window the chain outreaches drafts otherwise
-    layers = list(drafter.config.aux_layer_ids)
+    check_depth(drafter.model.config, k, "the profile's draft steps")  # a window the chain outreaches drafts otherwise
+    layers = list(drafter.model.config.aux_layer_ids)
     zero_shot, datasets = {}, {}
     with tempfile.TemporaryDirectory(prefix="drafterops-probe-") as tmp:
         for side, path in (("old", args.old_target), ("new", args.new_target)):
             capture_records(path, records, Path(tmp) / side, layers, max_len, args.progress)
             ds = datasets[side] = HiddenStateDataset(Path(tmp) / side)
-            check_fit(drafter.config, ds)
+            check_fit(drafter.model.config, ds)
             attach_target_embedding(drafter, ds)
             rows = ds.target_head()[drafter.t2d].float()
             zero_shot[side] = offline_stats(drafter.eval(), ds, list(range(len(ds))), rows, k)

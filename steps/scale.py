@@ -42,8 +42,8 @@ def class_validation(profile, name: str | None, dataset, args: argparse.Namespac
     under the working folder, keyed by the class's digest, so a rerun reuses it)."""
     if not name:
         return None
-    from drafter.capture import capture_records
-    from drafter.data import HiddenStateDataset
+    from drafter.data.capture import capture_records
+    from drafter.data.dataset import HiddenStateDataset
 
     cls = profile.traffic_class(name)
     out = Path("drafterops-work") / "class-data" / f"{name}-{cls.sha256[:12]}-{dataset.digest[:12]}"
@@ -121,7 +121,7 @@ def parse(args: argparse.Namespace) -> Request:
 
 def load(request: Request) -> Ladder:
     """The dataset the rungs draw from, the validation set, and both inits (warm and scratch)."""
-    from drafter.data import HiddenStateDataset
+    from drafter.data.dataset import HiddenStateDataset
     from tuning.register import prepare_init
 
     args = request.args
@@ -142,7 +142,7 @@ def climb(request: Request, ladder: Ladder) -> list[Any]:
     """Every rung, warm and from scratch, each seed: one nested run per training."""
     import mlflow
 
-    from drafter.train import TrainConfig
+    from drafter.train.loop import TrainConfig
     from tuning.ladder import run_point
 
     base_cfg = TrainConfig(**{**request.settings, "val_draft_steps": request.profile.draft_steps})

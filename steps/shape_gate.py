@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from common.paths import MINIWORLD
-from drafter.compat import Check, check_compat, compare_drafters, drafter_facts, target_facts, verdict
+from drafter.analysis.compat import Check, check_compat, compare_drafters, drafter_facts, target_facts, verdict
 from steps._cli import log_params, none_if_empty, parser, run_label, run_step, step_run
 
 
@@ -38,8 +38,8 @@ def comparison_table(rows, a: str, b: str) -> str:
 
 def engine_table(aux_ids: list[int], num_layers: int | None) -> tuple[str, list[dict]]:
     """Which target layers each engine would feed this drafter, handed the ids each engine is given
-    (drafter/aux_layers.py: vLLM reads an id as a layer's input, so it is handed id + 1)."""
-    from drafter.aux_layers import mapping
+    (drafter/formats/aux_layers.py: vLLM reads an id as a layer's input, so it is handed id + 1)."""
+    from drafter.formats.aux_layers import mapping
 
     rows = [mapping(list(aux_ids), engine) for engine in ("sglang", "vllm")]
     lines = [

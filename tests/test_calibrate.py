@@ -242,7 +242,7 @@ def test_a_calibration_is_signed_and_an_edited_or_noisy_one_counts_for_nothing(t
     """calibrate signs what it wrote: the signed profile is 'measured by calibrate' with the target digest it
     served; its numbers edited by hand read as a hand-written profile; a cycle timed no dearer than a plain
     step (break-even <= 1, noise) refuses the profile as evidence instead of passing every drafter."""
-    from drafter.fingerprint import target_digest
+    from drafter.analysis.fingerprint import target_digest
     from registry.deployment import deployment
     from steps.calibrate import write_profile
 
@@ -271,7 +271,7 @@ def test_a_calibration_is_signed_and_an_edited_or_noisy_one_counts_for_nothing(t
 
 
 def test_a_calibration_on_a_gpu_records_what_its_drafters_step_reads(tmp_path):
-    """The timed drafter's step size (drafter.step_cost) goes into the profile's values, so a drafter whose
+    """The timed drafter's step size (drafter.analysis.step_cost) goes into the profile's values, so a drafter whose
     steps read more is priced up against it; a CPU calibration records none (its step is op-bound)."""
     ops = report.operating_points({1: 100.0}, {k: {1: by[1]} for k, by in CYCLES.items()}, {1: 1.0})
     raw = yaml.safe_load(HOST.read_text())

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from drafter.data import HiddenStateDataset
-from drafter.data_equality import compare
+from drafter.data.dataset import HiddenStateDataset
+from drafter.data.equality import compare
 from engines import environment
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ from safetensors.torch import save_file
 
 from bench._common import bytes_read
 from common.errors import BadInput
-from drafter.checkpoint import (
+from drafter.formats.checkpoint import (
     EMBED,
     INDEX_FILE,
     export_drafter,
@@ -15,7 +15,7 @@ from drafter.checkpoint import (
     read_header,
     save_drafter,
 )
-from drafter.config import DrafterConfig
+from drafter.model.config import DrafterConfig
 from tests.helpers.drafters import FAMILIES, k2_drafter_tensors, tiny_config, tiny_drafter
 
 
@@ -41,7 +41,7 @@ def test_round_trip_identical_tensors_and_config(tmp_path, shard):
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "llama"])
 def test_every_family_round_trips_with_the_engines_names(tmp_path, family):
-    """An MLA layer and the EAGLE-3.1 norms are saved under the names vLLM's loaders read (drafter/mla.py),
+    """An MLA layer and the EAGLE-3.1 norms are saved under the names vLLM's loaders read (drafter/model/mla.py),
     with the config keys that say which layer it is, and load back identical."""
     model = tiny_drafter(**FAMILIES[family]).to(torch.bfloat16)
     save_drafter(model, tmp_path / "d")
@@ -164,7 +164,7 @@ def test_header_read_of_real_k2_shapes_reads_no_data(k2_sparse_drafter):
     assert bytes_read() - before < 1_000_000  # the header (a few kB), not the 2.4 GB of data behind it
     assert {k: list(v.shape) for k, v in header.items()} == {k: s for k, (_, s) in k2_drafter_tensors().items()}
     # and the strict checks agree with the real config
-    from drafter.checkpoint import header_problems
+    from drafter.formats.checkpoint import header_problems
 
     assert header_problems(header, DrafterConfig.from_file(k2_sparse_drafter)) == []
 

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from common.errors import BadInput
-from drafter.config import DrafterConfig, TargetConfig
+from drafter.model.config import DrafterConfig, TargetConfig
 from tests.helpers.drafters import REFERENCE
 
 

@@ -9,15 +9,15 @@ import torch
 from bench.synthetic import READER, write_random_dataset
 from common.errors import BadInput
 from common.prompt_files import read_prompts
-from drafter.capture import capture, plan_capture
-from drafter.data import (
+from drafter.data.capture import capture, plan_capture
+from drafter.data.dataset import (
     HiddenStateDataset,
     SpecForgeDataset,
     iterate_batches,
     split_indices,
 )
-from drafter.prompts import tokenize_record
-from drafter.target import load_target
+from drafter.data.prompts import tokenize_record
+from drafter.model.target import load_target
 from tests.helpers.prompts import PROMPTS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -206,7 +206,7 @@ def test_a_writer_deletes_nothing_it_did_not_write(tmp_path):
     import pytest
 
     from common.errors import BadInput
-    from drafter.data import PARTIAL, DatasetWriter
+    from drafter.data.dataset import PARTIAL, DatasetWriter
 
     for name in ("notes.tmp", "shard-00000.safetensors"):
         out = tmp_path / name.replace(".", "-")

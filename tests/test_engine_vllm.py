@@ -167,9 +167,9 @@ def test_a_speculators_folder_without_norm_before_residual_is_caught(store, vllm
     from transformers import AutoTokenizer
 
     from common.errors import InternalError
-    from drafter.checkpoint import load_drafter
-    from drafter.evaluation import encode_prompts, evaluate_online, stop_token
-    from drafter.target import load_target
+    from drafter.decode.evaluation import encode_prompts, evaluate_online, stop_token
+    from drafter.formats.checkpoint import load_drafter
+    from drafter.model.target import load_target
     from engines import export, harness
     from engines import vllm as engine
     from engines.measurement import Launch
@@ -228,7 +228,7 @@ def test_serve_sh_as_written_starts_a_server_that_drafts(store, vllm_python, tmp
     ):
         from transformers import AutoTokenizer
 
-        from drafter.evaluation import encode_prompts
+        from drafter.decode.evaluation import encode_prompts
 
         tok = AutoTokenizer.from_pretrained(ROOT / "miniworld" / "k2.5-mini")
         prompt = encode_prompts(tok, load_profile_records()[:1], 1024, 24, 2)[0][0].tolist()

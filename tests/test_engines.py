@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from common.errors import BadInput, InternalError
-from drafter import aux_layers
-from drafter.checkpoint import export_drafter, load_config, read_header, save_drafter
+from drafter.formats import aux_layers
+from drafter.formats.checkpoint import export_drafter, load_config, read_header, save_drafter
 from engines import environment, sglang, vllm
 from engines.measurement import EngineRun
 from engines.server import ManagedServer, free_port
@@ -60,7 +60,7 @@ def test_every_written_drafter_has_what_engines_need(tmp_path):
 
 
 def test_target_view_is_flat_per_expert_with_router_keys_and_the_same_logits(tmp_path):
-    from drafter.target import load_target
+    from drafter.model.target import load_target
 
     src = MINI / "k2.5-mini"
     assert needs_view(src)

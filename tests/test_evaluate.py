@@ -4,7 +4,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from drafter.evaluation import OnlineResult
+from drafter.decode.evaluation import OnlineResult
 from tests.helpers.prompts import PROMPTS, write_prompts
 from tests.helpers.steps import run_step
 from tests.helpers.stores import project_runs
@@ -46,8 +46,8 @@ def registered(tiny_targets, tmp_path_factory):
 def test_evaluate_logs_metrics_plots_and_tags(tiny_targets, registered):
     tmp = registered
     flat, wrapped = tiny_targets
-    from drafter.capture import capture, plan_capture
-    from drafter.target import load_target
+    from drafter.data.capture import capture, plan_capture
+    from drafter.model.target import load_target
 
     target = load_target(wrapped)
     meta = {"target": str(wrapped), "layer_ids": [0, 1, 2], "hidden_size": 32, "vocab_size": target.config.vocab_size}
@@ -178,7 +178,7 @@ def test_auto_precision_is_the_one_the_deployment_serves_its_target_at(tmp_path)
     from argparse import Namespace
     from types import SimpleNamespace
 
-    from drafter.fingerprint import target_digest
+    from drafter.analysis.fingerprint import target_digest
     from serving.profile import load_profile
     from steps.calibrate import write_profile
     from steps.evaluate import deployment_target, measuring_precision

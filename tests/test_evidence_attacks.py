@@ -340,7 +340,7 @@ def test_evidence_counts_on_the_profiles_target_whatever_the_models_tag_says(sto
     """K2.5 and its successor share every shape, so only the weights tell them apart: a record measured on a
     same-shapes target with other weights does not count for a profile on the original, and retagging the
     registered model's `target` changes nothing; a profile that names the other target takes that record."""
-    from drafter.fingerprint import target_digest
+    from drafter.analysis.fingerprint import target_digest
     from tests.helpers.targets import same_shapes_other_weights
 
     tmp, target = store
@@ -399,7 +399,7 @@ def test_recertify_rechecks_production_when_the_target_moves_and_demotes_by_the_
     same = step("recertify", "--model", name, "--profile", str(tmp_path / "mix.yaml"))
     assert "its evidence still matches today's conditions" in same.stdout and "recertify: unchanged" in same.stdout
     # a junk lineage run planted on the holder's weights (anyone can log one): a finding, never a demotion
-    from drafter.fingerprint import tensor_digest
+    from drafter.analysis.fingerprint import tensor_digest
     from registry.lineage import SHA_PARAM, WEIGHTS_PARAM
 
     junk = c.create_run(c.get_experiment_by_name("Default").experiment_id)
@@ -473,7 +473,7 @@ def test_a_lossless_resave_or_a_little_noise_keeps_the_lineage(candidate_store):
                       "float32")  # fmt: skip
     assert as_float32 >= trained
     assert copy("noisy-copy", noisy) >= trained
-    from drafter.sketch import NEAR, relative_distance, weights_sketch
+    from drafter.analysis.sketch import NEAR, relative_distance, weights_sketch
 
     flagship = Path(train).parents[1] / "aq-mini-eagle3"
     assert relative_distance(weights_sketch(flagship), weights_sketch(source)) > NEAR
@@ -485,7 +485,7 @@ def test_a_planted_sketch_with_nan_inf_or_the_wrong_shape_is_no_sketch():
     sketches of different tensors are infinitely far apart."""
     import math
 
-    from drafter.sketch import BUCKETS, Sketch, relative_distance
+    from drafter.analysis.sketch import BUCKETS, Sketch, relative_distance
 
     def raw(**change):
         return {"shapes": "s", "buckets": {"w": [0.5] * BUCKETS}, "norm2": {"w": 1.0}, **change}

@@ -11,7 +11,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from drafter.checkpoint import save_drafter
+from drafter.formats.checkpoint import save_drafter
 from tests.helpers.checks import one_line_exit_2
 from tests.helpers.drafters import tiny_drafter
 from tests.helpers.prompts import PROMPTS, write_prompts

@@ -12,8 +12,8 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from common.errors import BadInput
-from drafter.checkpoint import load_config, save_drafter
-from drafter.speculators_format import from_speculators, is_speculators, to_speculators
+from drafter.formats.checkpoint import load_config, save_drafter
+from drafter.formats.speculators import from_speculators, is_speculators, to_speculators
 from tests.helpers.drafters import tiny_drafter
 from tests.helpers.promotion import evaluate, register_gated, write_profiles
 from tests.helpers.steps import run_step

@@ -72,7 +72,7 @@ def test_an_mla_drafter_exports_for_vllm_and_sglang_with_the_gpu_command_and_has
     """vLLM and SGLang get the MLA layer as their deepseek_eagle3 loaders read it; serve.sh names why
     vLLM-CPU cannot serve it and keeps the GPU command (MLA on); the speculators format is refused by name."""
     from common.errors import BadInput
-    from drafter.layouts import to_project
+    from drafter.formats.layouts import to_project
     from engines import export
     from engines.vllm import Settings
 

@@ -19,9 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def world(tiny_targets, tmp_path_factory):
     """A registered tiny drafter, gated against the K2.5-style tiny target, and a dataset from that target."""
-    from drafter.capture import capture, plan_capture
-    from drafter.checkpoint import save_drafter
-    from drafter.target import load_target
+    from drafter.data.capture import capture, plan_capture
+    from drafter.formats.checkpoint import save_drafter
+    from drafter.model.target import load_target
     from tests.helpers.drafters import tiny_drafter
 
     tmp = tmp_path_factory.mktemp("ft")

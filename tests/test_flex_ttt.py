@@ -1,4 +1,4 @@
-"""The GPU path's TTT attention (flex_attention under a block mask, drafter/flex_ttt.py) sees exactly
+"""The GPU path's TTT attention (flex_attention under a block mask, drafter/model/flex_ttt.py) sees exactly
 what the reference lets a query see. flex_attention has no backward on a CPU, so here its forward is
 held to the blockwise and eager paths on every scored position; its gradients are held to them on a
 GPU by `python -m bench.train_gpu`."""
@@ -6,11 +6,11 @@ GPU by `python -m bench.train_gpu`."""
 import pytest
 import torch
 
-from drafter.data import collate
-from drafter.loss import pred_mask_from_loss_mask, shifted
-from drafter.mla import MLASpec
-from drafter.packing import collate_packed
-from drafter.ttt_attention import KeyRule
+from drafter.data.dataset import collate
+from drafter.data.packing import collate_packed
+from drafter.model.mla import MLASpec
+from drafter.model.ttt_attention import KeyRule
+from drafter.train.loss import pred_mask_from_loss_mask, shifted
 from tests.helpers.drafters import EAGLE31, tiny_drafter
 from tests.test_packing import _samples
 
@@ -48,7 +48,7 @@ def test_flex_attention_gives_the_reference_logits_on_every_scored_position(fami
 def test_the_block_mask_skips_blocks_no_query_may_see():
     """A 1024-token causal step with one earlier step: of the 8 x 16 query-key blocks, the future half
     and the chain's off-diagonal blocks are never visited; wholly visible blocks run without the mask."""
-    from drafter.flex_ttt import ttt_block_mask
+    from drafter.model.flex_ttt import ttt_block_mask
 
     t = 1024
     rule = KeyRule(torch.arange(t)[None], torch.ones(1, t, dtype=torch.bool), offset=1)

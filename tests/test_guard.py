@@ -35,7 +35,7 @@ def test_signature_rules():
 
 @pytest.mark.full
 def test_unsanctioned_alias_moves_are_reverted(tiny_targets, tmp_path):
-    from drafter.checkpoint import save_drafter
+    from drafter.formats.checkpoint import save_drafter
 
     _, wrapped = tiny_targets
     vocab = json.loads((wrapped / "config.json").read_text())["text_config"]["vocab_size"]
@@ -156,7 +156,7 @@ def promoted(tiny_targets, tmp_path):
     """A SQLite store (no server, no guard): v1 then v2 promoted to production by `promote`, each on its
     honest evaluation on a pinned prompt; v3 imported, never evaluated."""
     from common.prompt_files import file_digest
-    from drafter.checkpoint import save_drafter
+    from drafter.formats.checkpoint import save_drafter
     from tests.helpers.steps import run_step
 
     _, wrapped = tiny_targets

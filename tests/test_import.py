@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from common.errors import BadInput
-from drafter.checkpoint import load_drafter, save_drafter
+from drafter.formats.checkpoint import load_drafter, save_drafter
 from registry import naming, store
 from steps import import_drafter
 from tests.helpers.drafters import tiny_drafter

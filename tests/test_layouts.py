@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from common.errors import BadInput
-from drafter.checkpoint import load_drafter, read_header
-from drafter.layouts import detect, to_project, write_layout
+from drafter.formats.checkpoint import load_drafter, read_header
+from drafter.formats.layouts import detect, to_project, write_layout
 from tests.helpers.drafters import FAMILIES, tiny_drafter
 
 CASES = [

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from drafter.lean_ops import rms_norm, swiglu
+from drafter.model.lean_ops import rms_norm, swiglu
 
 
 def _plain_rms_norm(x, weight, eps):

@@ -67,7 +67,7 @@ def test_make_data_through_mlflow_run(tiny_targets, tmp_path):
 
 
 def test_make_data_layers_from_a_drafter_and_bad_inputs(tiny_targets, tmp_path, drafter_factory):
-    from drafter.checkpoint import save_drafter
+    from drafter.formats.checkpoint import save_drafter
 
     prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS[:2])
     drafter = drafter_factory(vocab_size=300, draft_vocab_size=64, aux_layer_ids=[0, 2, 3])
@@ -172,8 +172,8 @@ def test_print_server_command_names_the_capture_in_vllms_reading(tiny_targets, t
 def test_regenerate_captures_the_targets_own_replies_and_records_it(tiny_targets, tmp_path):
     """--regenerate: every assistant turn is the target's own greedy reply (its end-of-turn token from the chat
     template), written once beside the shards so a rerun captures the same replies; the meta says so."""
-    from drafter.regenerate import end_of_turn_ids
-    from drafter.target import load_tokenizer
+    from drafter.data.regenerate import end_of_turn_ids
+    from drafter.model.target import load_tokenizer
 
     prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS[:3])
     base = ["--target", str(tiny_targets[0]), "--prompts", str(prompts), "--layers", "0,1,2", "--no-progress"]
@@ -214,8 +214,8 @@ def test_sglang_capture_through_specforge_files_gives_the_in_process_dataset(tin
     import shutil
     import sys
 
-    from drafter.data import HiddenStateDataset
-    from drafter.data_equality import compare
+    from drafter.data.dataset import HiddenStateDataset
+    from drafter.data.equality import compare
 
     chats = [r for r in PROMPTS if "messages" in r][:3]
     prompts = write_prompts(tmp_path / "p.jsonl", chats)

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from drafter.config import DrafterConfig
-from drafter.memory_plan import GIB, model_state_bytes, parameter_counts, plan
-from drafter.model import Eagle3Drafter
+from drafter.analysis.memory_plan import GIB, model_state_bytes, parameter_counts, plan
+from drafter.model.config import DrafterConfig
+from drafter.model.eagle3 import Eagle3Drafter
 from tests.helpers.checks import one_line_exit_2
 from tests.helpers.drafters import FAMILIES, tiny_config
 from tests.helpers.steps import run_step
@@ -62,7 +62,7 @@ def test_the_plan_grows_with_what_the_settings_allow_and_suggests_a_stage_that_f
 
 def test_the_worst_case_takes_fixed_values_and_the_top_of_the_space_and_refuses_nonsense():
     from common.errors import BadInput
-    from drafter.train import TrainConfig
+    from drafter.train.loop import TrainConfig
     from tuning.memory import worst_case
 
     space = {

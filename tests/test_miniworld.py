@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from common.prompt_files import read_prompts
-from drafter.checkpoint import load_drafter, read_header
-from drafter.config import TargetConfig
-from drafter.target import load_target
+from drafter.formats.checkpoint import load_drafter, read_header
+from drafter.model.config import TargetConfig
+from drafter.model.target import load_target
 
 MW = Path(__file__).resolve().parents[1] / "miniworld"
 RECORD = json.loads((MW / "build_record.json").read_text())
@@ -54,7 +54,7 @@ def test_public_drafter_is_released_like_aq_medai():
     assert "license: mit" in card and "Training samples:" in card
     target = load_target(MW / "k2-mini")
     drafter = load_drafter(folder, embedding=target.embedding_weight.detach().float())
-    assert drafter.config.aux_layer_ids == RECORD["aux_layer_ids"]
+    assert drafter.model.config.aux_layer_ids == RECORD["aux_layer_ids"]
     fig = RECORD["figures"]["aq-mini-eagle3"]
     assert fig["sim_accept_len_k2_mini"] > 2.3 and fig["sim_accept_len_k2_mini"] - fig["sim_accept_len_k2.5_mini"] > 0.3
 
@@ -72,10 +72,10 @@ def test_prompt_sets_are_disjoint_and_sized_like_the_seed():
 def test_offline_and_online_acceptance_agree_on_the_mini_world(tmp_path):
     """Teacher-forced sim_accept_len (held-out hidden states) and real decoding's accept_len describe the
     same drafter: on the mini world they agree within 20% (measured: 2-15% across the main job's drafters)."""
-    from drafter.capture import capture, plan_capture
-    from drafter.data import HiddenStateDataset
-    from drafter.evaluation import evaluate_online
-    from drafter.train import offline_stats
+    from drafter.data.capture import capture, plan_capture
+    from drafter.data.dataset import HiddenStateDataset
+    from drafter.decode.evaluation import evaluate_online
+    from drafter.train.loop import offline_stats
 
     target = load_target(MW / "k2.5-mini")
     drafter = load_drafter(MW / "aq-mini-eagle3", embedding=target.embedding_weight.detach().float())

@@ -1,14 +1,14 @@
 import pytest
 import torch
 
-from drafter.loss import (
+from drafter.model.eagle3 import DraftCache
+from drafter.train.loss import (
     StepStats,
     pred_mask_from_loss_mask,
     simulated_accept_len,
     target_draft_logits,
     ttt_loss,
 )
-from drafter.model import DraftCache
 from tests.helpers.drafters import FAMILIES, tiny_drafter
 
 
@@ -69,7 +69,7 @@ def test_a_window_the_draft_chain_outreaches_is_refused_where_training_and_decod
     """Attack: a sliding window shorter than the draft chain. Training and decoding agree up to window + 1
     steps and part after; check_depth refuses exactly there."""
     from common.errors import BadInput
-    from drafter.config import check_depth
+    from drafter.model.config import check_depth
 
     for window, k in [(2, 3), (2, 4), (3, 4), (3, 5)]:
         agree = _decoding_equals_training(window, k)
@@ -183,7 +183,7 @@ def test_pred_mask_shifts_assistant_mask():
 def test_ttt_forward_on_the_scored_positions_only_gives_the_same_loss_and_gradients():
     """With pred_mask the forward skips what no loss reads (prompt positions after step 0's keys):
     the loss, its gradients and the counts equal the full computation's."""
-    from drafter.loss import pred_mask_from_loss_mask, ttt_loss
+    from drafter.train.loss import pred_mask_from_loss_mask, ttt_loss
 
     torch.manual_seed(0)
     model = tiny_drafter(seed=3)

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from drafter.data import Sample, collate
-from drafter.loss import loss_positions, pred_mask_from_loss_mask, target_draft_logits, ttt_loss
-from drafter.packing import collate_packed, first_fit_decreasing
+from drafter.data.dataset import Sample, collate
+from drafter.data.packing import collate_packed, first_fit_decreasing
+from drafter.train.loss import loss_positions, pred_mask_from_loss_mask, target_draft_logits, ttt_loss
 from tests.helpers.drafters import FAMILIES, tiny_drafter
 
 
@@ -111,7 +111,7 @@ def test_blockwise_attention_gives_the_eager_loss_and_gradients(bf16, layout, wi
     the eager path's arithmetic: the same loss, the same gradient for every parameter, on padded and
     packed batches, with and without a sliding window, for the Llama and the MLA draft layer (values
     narrower than keys) with the EAGLE-3.1 norms. Blocks of 16 queries force many blocks."""
-    import drafter.ttt_attention as ttt_attention
+    import drafter.model.ttt_attention as ttt_attention
 
     monkeypatch.setattr(ttt_attention, "BLOCK_ELEMENTS", 1)  # the smallest blocks: 16 queries each
     model = tiny_drafter(seed=5, sliding_window=window, **FAMILIES[family])
@@ -146,7 +146,7 @@ def test_a_query_that_may_see_no_key_averages_as_the_eager_softmax_does():
     """Attack: a row whose every step-0 key is masked (padding everywhere it may look) and no chain key.
     The eager softmax spreads it evenly over the masked keys; one log-sum-exp (top + log total) rounds to
     the mask value and summed the values instead. Output and gradients equal the plain formula."""
-    from drafter.ttt_attention import KeyRule, blockwise_ttt_attention
+    from drafter.model.ttt_attention import KeyRule, blockwise_ttt_attention
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 6, 4, generator=g, requires_grad=True) for _ in range(3))

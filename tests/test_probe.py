@@ -5,7 +5,7 @@ import mlflow
 import pytest
 import torch
 
-from drafter.probe import StreamingCKA
+from drafter.analysis.probe import StreamingCKA
 from tests.helpers.drafters import save_tiny_drafter
 from tests.helpers.prompts import PROMPTS, write_prompts
 from tests.helpers.steps import run_step

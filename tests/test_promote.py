@@ -140,7 +140,7 @@ def test_every_way_around_the_gate_is_refused(evaluated, tiny_targets):
 
 def test_the_gate_is_recomputed_not_read_from_a_tag(tiny_targets, tmp_path):
     """A drafter whose vocabulary does not fit the target, with a forged `shape_gate=passed` tag."""
-    from drafter.checkpoint import save_drafter
+    from drafter.formats.checkpoint import save_drafter
     from tests.helpers.drafters import tiny_drafter
 
     _, wrapped = tiny_targets
@@ -248,7 +248,7 @@ def test_a_drafter_whose_steps_cost_more_than_the_timed_ones_is_held_to_its_own_
     """A profile whose draft steps were timed with a drafter reading a hundredth of this one's parameters a
     step: evaluate projects, and promote decides, at this drafter's own price (break-even 0.5 as written,
     about 20 priced), read from the version's weights, not from anything the evaluation wrote."""
-    from drafter.step_cost import folder_step_cost
+    from drafter.analysis.step_cost import folder_step_cost
 
     tmp, (_, wrapped) = evaluated, tiny_targets
     step = folder_step_cost(tmp / "d1").per_step  # the files v1 was imported from

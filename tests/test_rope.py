@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from common.errors import BadInput
-from drafter.checkpoint import load_drafter, save_drafter
+from drafter.formats.checkpoint import load_drafter, save_drafter
 from tests.helpers.drafters import tiny_drafter
 
 HEAD_DIM, MAX_POS = 8, 256

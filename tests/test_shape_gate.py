@@ -5,7 +5,7 @@ import pytest
 
 from bench.sparse import k2_vocab_maps, write_sparse_safetensors
 from common.errors import BadInput
-from drafter.compat import check_compat, compare_drafters, drafter_facts, passed, target_facts, verdict
+from drafter.analysis.compat import check_compat, compare_drafters, drafter_facts, passed, target_facts, verdict
 from tests.helpers.drafters import REFERENCE, k2_drafter_tensors
 from tests.helpers.steps import run_step
 from tests.helpers.stores import project_runs
@@ -169,7 +169,7 @@ def gate(*args, cwd):
 def test_gate_step_on_registry_versions(tiny_targets, drafter_factory, tmp_path):
     import mlflow
 
-    from drafter.checkpoint import save_drafter
+    from drafter.formats.checkpoint import save_drafter
 
     flat, wrapped = tiny_targets
     vocab = json.loads((flat / "config.json").read_text())["vocab_size"]

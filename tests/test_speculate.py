@@ -3,9 +3,9 @@ import math
 import pytest
 import torch
 
-from drafter.model import DraftCache
-from drafter.speculate import _accept, speculative_generate, target_generate
-from drafter.target import load_target
+from drafter.decode.speculate import _accept, speculative_generate, target_generate
+from drafter.model.eagle3 import DraftCache
+from drafter.model.target import load_target
 from tests.helpers.drafters import tiny_drafter
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 
 from common.paths import MINIWORLD, ROOT
-from drafter.checkpoint import read_header
-from drafter.config import DrafterConfig
-from drafter.layouts import to_project, view
-from drafter.step_cost import folder_step_cost, main, step_cost
+from drafter.analysis.step_cost import folder_step_cost, main, step_cost
+from drafter.formats.checkpoint import read_header
+from drafter.formats.layouts import to_project, view
+from drafter.model.config import DrafterConfig
 
 
 def test_a_llama_draft_step_reads_its_layer_norms_and_head_and_fc_once_a_cycle():

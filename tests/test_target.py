@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from common.errors import BadInput
-from drafter.target import load_target
+from drafter.model.target import load_target
 
 
 def test_aux_capture_equals_output_hidden_states_at_id_plus_one(tiny_targets):
@@ -78,7 +78,7 @@ def test_a_target_loads_at_its_own_precision_unless_told(tiny_targets, tmp_path)
     """The mini world's K2.5 is stored in bf16 (its vision tower's fp32 stub does not count): it loads in
     bf16, half the memory of fp32; a config's dtype names it outright; --dtype overrides."""
     from common.paths import MINIWORLD
-    from drafter.target import target_precision
+    from drafter.model.target import target_precision
 
     assert target_precision(MINIWORLD / "k2.5-mini") == "bfloat16"
     assert target_precision(MINIWORLD / "k2-mini") == "bfloat16"  # its config says so
@@ -107,7 +107,7 @@ def test_a_parting_at_a_bf16_near_tie_is_rounding_and_any_other_is_a_bug():
     """Greedy speculative decoding may leave the plain decode where two tokens' logits lie within a few
     rounding steps (a verify block rounds otherwise than one token at a time); that is said with its
     gap. A wider gap, a parting in float32, or one output merely stopping early, is a decoding bug."""
-    from drafter.evaluation import divergence_gap
+    from drafter.decode.evaluation import divergence_gap
 
     prompt, base, spec = torch.tensor([1, 2]), [7, 3, 4], [7, 5, 4]
     assert divergence_gap(_Tie(torch.bfloat16, 0.05), prompt, base, spec) == pytest.approx(0.05, rel=1e-4)
@@ -120,7 +120,7 @@ def test_near_ties_on_more_than_a_fifth_of_the_prompts_are_a_bug_not_rounding(mo
     """Attack: a decoder that parts everywhere at small gaps is not rounding; past NEAR_TIE_SHARE of the
     prompts the in-process engine refuses to report a figure."""
     from common.errors import InternalError
-    from drafter.evaluation import OnlineResult
+    from drafter.decode.evaluation import OnlineResult
     from engines import inprocess
     from engines.protocol import Job
 

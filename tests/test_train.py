@@ -2,10 +2,10 @@ import pytest
 import torch
 
 from common.errors import BadInput
-from drafter.capture import capture, plan_capture
-from drafter.data import HiddenStateDataset
-from drafter.target import load_target
-from drafter.train import TrainConfig, TrainingDiverged, TrainingStopped, scratch_drafter, train
+from drafter.data.capture import capture, plan_capture
+from drafter.data.dataset import HiddenStateDataset
+from drafter.model.target import load_target
+from drafter.train.loop import TrainConfig, TrainingDiverged, TrainingStopped, scratch_drafter, train
 from tests.helpers.drafters import tiny_config
 from tests.helpers.prompts import PROMPTS
 
@@ -158,7 +158,7 @@ def test_two_ranks_split_each_global_batch_and_match_one_rank(dataset, tmp_path,
 
 
 def test_rank_share_is_a_disjoint_split_of_the_global_batch():
-    from drafter.train import batch_indices, micro_batch, rank_share
+    from drafter.train.loop import batch_indices, micro_batch, rank_share
 
     batch = batch_indices(list(range(10)), 4, seed=0, step=3)
     parts = [rank_share(batch, r, 2) for r in range(2)]
@@ -173,7 +173,7 @@ def test_bf16_zero2_training_learns_and_exports_weights_that_load(dataset, tmp_p
     weights load into a fresh drafter."""
     from safetensors.torch import load_file
 
-    from drafter.model import Eagle3Drafter
+    from drafter.model.eagle3 import Eagle3Drafter
 
     out, losses, _ = _ranks(dataset, tmp_path, 1, "zero2", bf16=True, steps=40)
     assert losses[-1] < 0.8 * losses[0]
@@ -196,7 +196,7 @@ def test_trials_with_other_ttt_lengths_are_validated_at_the_same_depth(dataset):
 
 def test_targets_outside_the_draft_vocabulary_count_as_rejections():
     """Offline acceptance counts an out-of-vocabulary target as the rejection it is online."""
-    from drafter.loss import ttt_loss
+    from drafter.train.loss import ttt_loss
 
     vocab, draft = 8, 4
     t2d = torch.zeros(vocab, dtype=torch.bool)
@@ -225,7 +225,7 @@ def test_one_rank_process_group_retries_a_port_taken_after_it_was_chosen(how):
 
     code = """
 import os, socket
-import drafter.train as t
+import drafter.train.loop as t
 taken = socket.socket(); taken.bind(("127.0.0.1", 0)); taken.listen()
 port = str(taken.getsockname()[1])
 if os.environ.get("HOW") == "inherited":
@@ -248,7 +248,7 @@ def test_the_gpu_step_trains_what_the_cpu_step_trains_and_reads_its_figures_once
     """The GPU path (host-made plan, each TTT step scored as it comes, figures left on the device and read
     every `log_every` steps), forced on here: the same loss curve, accuracies and weights as the reference
     step, and every step's figures reach on_step, in order."""
-    import drafter.train as train_module
+    import drafter.train.loop as train_module
 
     def run(fused: bool):
         monkeypatch.setattr(train_module, "scored_as_it_comes", lambda device: fused)
@@ -270,7 +270,7 @@ def test_the_gpu_step_trains_what_the_cpu_step_trains_and_reads_its_figures_once
 
 
 def test_a_nan_loss_on_the_gpu_path_names_the_step_that_made_it(dataset, monkeypatch):
-    import drafter.train as train_module
+    import drafter.train.loop as train_module
 
     monkeypatch.setattr(train_module, "scored_as_it_comes", lambda device: True)
     model = scratch_drafter(cfg_for(dataset), dataset, list(range(len(dataset))), seed=0)
@@ -282,7 +282,7 @@ def test_a_nan_loss_on_the_gpu_path_names_the_step_that_made_it(dataset, monkeyp
 
 
 def test_warmup_is_the_first_intervals_time_beyond_the_steady_pace():
-    from drafter.train import warmup_seconds
+    from drafter.train.loop import warmup_seconds
 
     assert warmup_seconds([(10, 12.0), (10, 2.0), (10, 2.2)]) == pytest.approx(12.0 - 10 * 4.2 / 20)
     assert warmup_seconds([(10, 2.0)]) == 0.0  # one interval: nothing to hold it to

@@ -1,4 +1,4 @@
-"""The GPU path's training step (a host-made plan, each step scored as it comes, drafter/ttt_step.py)
+"""The GPU path's training step (a host-made plan, each step scored as it comes, drafter/train/ttt_step.py)
 trains what the reference trains: the same loss, gradients and acceptance counts as the forward's
 logits scored by drafter/loss.ttt_loss, on padded and packed batches, with a sliding window, for the
 Llama and MLA draft layers and TTT 1 to 7."""
@@ -6,11 +6,11 @@ Llama and MLA draft layers and TTT 1 to 7."""
 import pytest
 import torch
 
-from drafter.data import collate
-from drafter.loss import loss_positions, pred_mask_from_loss_mask, target_draft_logits, ttt_loss
-from drafter.packing import collate_packed
-from drafter.ttt_plan import plan_steps
-from drafter.ttt_step import ttt_step_loss
+from drafter.data.dataset import collate
+from drafter.data.packing import collate_packed
+from drafter.model.ttt_plan import plan_steps
+from drafter.train.loss import loss_positions, pred_mask_from_loss_mask, target_draft_logits, ttt_loss
+from drafter.train.ttt_step import ttt_step_loss
 from tests.helpers.drafters import FAMILIES, tiny_drafter
 from tests.test_packing import _samples
 
@@ -74,19 +74,19 @@ def test_every_position_scored_when_nothing_is_masked():
 @pytest.mark.parametrize("family", ["mla-eagle3.1"])
 def test_the_compiled_gpu_functions_are_the_cpu_arithmetic(family, monkeypatch):
     """Norms, rotary embeddings, SwiGLU and the fused cross-entropy as the GPU path compiles them
-    (drafter/compiled.py), forced on here: the same loss, gradients and counts as the reference. The MLA
+    (drafter/model/compiled.py), forced on here: the same loss, gradients and counts as the reference. The MLA
     layer with EAGLE-3.1's norms has every compiled function but the Llama layer's rotary embedding, whose
     expression is the CPU path's own."""
-    import drafter.compiled
+    import drafter.model.compiled
 
-    monkeypatch.setattr(drafter.compiled, "on_device", lambda x: True)
+    monkeypatch.setattr(drafter.model.compiled, "on_device", lambda x: True)
     model = tiny_drafter(seed=5, **FAMILIES[family])
     samples = _samples(model, lengths=[40, 9, 17, 6, 12, 25], prompts=[10, 3, 8, 2, 12, 5])
     head_rows = torch.randn(model.config.vocab_size, model.config.hidden_size)[model.t2d]
     batch = collate_packed(samples)
-    monkeypatch.setattr(drafter.compiled, "on_device", lambda x: False)
+    monkeypatch.setattr(drafter.model.compiled, "on_device", lambda x: False)
     ref, _ = _both(model, batch, head_rows, 3, denominators=True)
-    monkeypatch.setattr(drafter.compiled, "on_device", lambda x: True)
+    monkeypatch.setattr(drafter.model.compiled, "on_device", lambda x: True)
     _, new = _both(model, batch, head_rows, 3, denominators=True)
     assert torch.allclose(ref[0], new[0], rtol=1e-5, atol=1e-6)
     for name, g in ref[1].items():

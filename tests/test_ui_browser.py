@@ -219,7 +219,7 @@ def step(name, args, cwd):
 
 
 def test_registered_model_page_shows_versions_alias_and_gate(tiny_targets, drafter_factory, tmp_path):
-    from drafter.checkpoint import save_drafter
+    from drafter.formats.checkpoint import save_drafter
 
     _, wrapped = tiny_targets
     vocab = json.loads((wrapped / "config.json").read_text())["text_config"]["vocab_size"]

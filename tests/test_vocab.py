@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from common.errors import BadInput
-from drafter.vocab import build_vocab_maps, validate_vocab_maps
+from drafter.model.vocab import build_vocab_maps, validate_vocab_maps
 
 
 def test_top_k_by_frequency_sorted_ascending():

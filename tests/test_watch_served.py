@@ -33,7 +33,7 @@ def _traffic(url: str, stop: threading.Event, seed: int) -> None:
     """Requests one after another until told to stop (a server down between two is waited for)."""
     from transformers import AutoTokenizer
 
-    from drafter.evaluation import encode_prompts
+    from drafter.decode.evaluation import encode_prompts
     from engines import vllm as engine
     from serving.profile import load_profile
 

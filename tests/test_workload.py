@@ -176,7 +176,7 @@ def test_the_mini_world_workload_is_held_out_and_pinned():
         assert len(c.keys()) == len(set(c.keys())) >= 16
         shared = [u for u in mine if shingles([u]) & others]
         assert not shared, f"class {c.name}: {len(shared)} prompts share text with other sets"
-    from drafter.evaluation import encode_prompts, target_tokenizer
+    from drafter.decode.evaluation import encode_prompts, target_tokenizer
 
     tokenizer, context = target_tokenizer(prompts.parent / "k2.5-mini")
     ids, cut = encode_prompts(tokenizer, profile.traffic_class("long").records(), context, 64, 3)

@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass, replace
 from typing import Any
 
-from drafter.train import TrainConfig, scratch_drafter, train
+from drafter.train.loop import TrainConfig, scratch_drafter, train
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """finetune's memory check: the worst case its settings and search space allow, planned from the
-drafter's config alone before any data is read (drafter/memory_plan.py holds the arithmetic)."""
+drafter's config alone before any data is read (drafter/analysis/memory_plan.py holds the arithmetic)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import BadInput
-from drafter.config import DrafterConfig
-from drafter.memory_plan import GIB, MemoryPlan, plan
-from drafter.train import TrainConfig, load_ds_config
+from drafter.analysis.memory_plan import GIB, MemoryPlan, plan
+from drafter.model.config import DrafterConfig
+from drafter.train.loop import TrainConfig, load_ds_config
 
 
 def init_config(init: str, arch: str) -> DrafterConfig:
@@ -87,7 +87,7 @@ def check(
     import torch
 
     quiet_import_deepspeed()  # training imports it: its memory is part of the runtime planned
-    attention = "flex" if torch.cuda.is_available() else "blockwise"  # the path drafter/train.py takes there
+    attention = "flex" if torch.cuda.is_available() else "blockwise"  # the path drafter/train/loop.py takes there
     plans = [
         plan(
             cfg,

@@ -29,7 +29,7 @@ def lead_trials(study: Any, objective: Callable[[Any], float], n_trials: int) ->
     from optuna.trial import TrialState
     from optuna_integration import TorchDistributedTrial
 
-    from drafter.train import TrainingDiverged
+    from drafter.train.loop import TrainingDiverged
     from tuning.study import claim_trial
 
     while (trial := claim_trial(study, n_trials)) is not None:
@@ -50,7 +50,7 @@ def follow_trials(objective: Callable[[Any], float]) -> None:
     import torch.distributed as dist
     from optuna_integration import TorchDistributedTrial
 
-    from drafter.train import TrainingDiverged
+    from drafter.train.loop import TrainingDiverged
 
     while True:
         flag = torch.tensor([0])

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drafter.train import TrainConfig
+from drafter.train.loop import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class FinetuneRecipe:
         self.memory_plan = memory.check(memory.init_config(r.init, r.arch), worst, configs, self.world, r.memory_limit)
 
     def _setup_data(self) -> None:
-        from drafter.data import HiddenStateDataset, split_indices
+        from drafter.data.dataset import HiddenStateDataset, split_indices
 
         r = self.request
         self.dataset = HiddenStateDataset(r.data)
@@ -86,7 +86,7 @@ class FinetuneRecipe:
 
     def _setup_init(self) -> None:
         """The init resolved (and downloaded) by rank 0 first, then by the others from its cache."""
-        from drafter.train import ensure_distributed, is_rank0
+        from drafter.train.loop import ensure_distributed, is_rank0
         from tuning.register import default_name, init_digest, prepare_init
 
         if self.multi:
@@ -158,7 +158,7 @@ class FinetuneRecipe:
 
     def train(self) -> None:
         """The study's trials until its budget is spent (all workers together)."""
-        from drafter.train import TrainingDiverged
+        from drafter.train.loop import TrainingDiverged
         from tuning import study as studies
         from tuning.ranks import lead_trials
 

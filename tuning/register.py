@@ -12,9 +12,9 @@ from common.errors import BadInput
 def prepare_init(init: str, dataset: Any, arch: str):
     """(base drafter or None for scratch, DrafterConfig, ModelVersion or None); refuses an init whose
     shape gate has not passed for the dataset's target."""
-    from drafter.checkpoint import load_drafter
-    from drafter.config import DrafterConfig
-    from drafter.train import attach_target_embedding, check_fit
+    from drafter.formats.checkpoint import load_drafter
+    from drafter.model.config import DrafterConfig
+    from drafter.train.loop import attach_target_embedding, check_fit
 
     if init == "scratch":
         cfg = DrafterConfig.from_file(Path(arch) / "config.json" if Path(arch).is_dir() else arch)
@@ -46,9 +46,9 @@ def prepare_init(init: str, dataset: Any, arch: str):
 
 
 def init_digest(init: str, parent: Any) -> str:
-    """The init's weights by value (drafter.fingerprint.tensor_digest; "" from scratch): whatever the init
+    """The init's weights by value (drafter.analysis.fingerprint.tensor_digest; "" from scratch): whatever the init
     was named by (registry URI, folder or hub id), lineage follows it to the runs that produced it."""
-    from drafter.fingerprint import tensor_digest
+    from drafter.analysis.fingerprint import tensor_digest
 
     if init == "scratch":
         return ""
@@ -129,7 +129,7 @@ def _register(
     }
     if parent is not None:
         tags[naming.TAG_PARENT] = f"models:/{parent.name}/{parent.version}"
-    from drafter.checkpoint import read_header
+    from drafter.formats.checkpoint import read_header
     from registry.describe import contents, run_md, upsert_section
 
     settings = trial.user_attrs.get("settings") or trial.params
@@ -143,8 +143,8 @@ def _register(
         + "\n"
     )
     desc = upsert_section(desc, "contents", contents(hashes, read_header(folder)))
-    from drafter.fingerprint import tensor_digest
-    from drafter.sketch import weights_sketch
+    from drafter.analysis.fingerprint import tensor_digest
+    from drafter.analysis.sketch import weights_sketch
     from registry.lineage import log_training_prompts
 
     log_training_prompts(dataset, tensor_digest(folder), init_digest, weights_sketch(folder))

@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from common.errors import BadInput
-from drafter.train import TrainConfig
+from drafter.train.loop import TrainConfig
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_SPACE = CONFIGS / "search_space.yaml"

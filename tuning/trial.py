@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from drafter.train import TrainConfig
+from drafter.train.loop import TrainConfig
 from tuning.ranks import Tracker
 from tuning.space import suggest
 from tuning.study import OBJECTIVE
@@ -79,8 +79,8 @@ def run_trial(trial: Any, s: Study) -> float:
     import mlflow
     import optuna
 
-    from drafter.checkpoint import save_drafter
-    from drafter.train import TrainingDiverged, TrainingStopped, scratch_drafter, train
+    from drafter.formats.checkpoint import save_drafter
+    from drafter.train.loop import TrainingDiverged, TrainingStopped, scratch_drafter, train
 
     params = dict(s.fixed) if s.fixed is not None else suggest(trial, s.space)
     number = trial.number

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
-from drafter.config import DrafterConfig
-from drafter.mla import MLASpec
-from drafter.model import Eagle3Drafter
-from drafter.rope import RopeSpec
-from drafter.vocab import build_vocab_maps
+from drafter.model.config import DrafterConfig
+from drafter.model.eagle3 import Eagle3Drafter
+from drafter.model.mla import MLASpec
+from drafter.model.rope import RopeSpec
+from drafter.model.vocab import build_vocab_maps
 
 REFERENCE = Path(__file__).resolve().parents[2] / "configs" / "reference"
 
@@ -68,7 +68,7 @@ def tiny_drafter(seed: int = 0, **overrides) -> Eagle3Drafter:
 
 def save_tiny_drafter(folder: Path, target: Path, seed: int = 2) -> Path:
     """A tiny drafter for the tiny target (its vocabulary, aux layers 0-2), saved without embedding."""
-    from drafter.checkpoint import save_drafter
+    from drafter.formats.checkpoint import save_drafter
 
     vocab = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
     drafter = tiny_drafter(seed=seed, vocab_size=vocab, draft_vocab_size=128, aux_layer_ids=[0, 1, 2])

@@ -16,8 +16,8 @@ def forge_record(c, name: str, version: str, profile_path: Path, per_prompt: Per
                  sign: bool = True, key=None, engine_version: str = "forged") -> str:  # fmt: skip
     """A run holding an evaluation record of models:/name/version on the profile's pinned prompts (per class),
     signed with `key` (None: this process's signing key) unless `sign` is False; its run id."""
-    from drafter.fingerprint import target_digest
-    from drafter.target import target_precision
+    from drafter.analysis.fingerprint import target_digest
+    from drafter.model.target import target_precision
     from registry import signing, store
     from registry.evidence import DIGEST_PARAM, EVIDENCE_FILE, TAG, ClassCounts, EvidenceRecord, pinned_keys
     from serving.profile import load_profile
@@ -47,7 +47,7 @@ def forge_record(c, name: str, version: str, profile_path: Path, per_prompt: Per
 def plant_lineage(c, folder: Path, prompt_keys: list[str]) -> str:
     """A run as `finetune` logs one for the weights in `folder`: trained on `prompt_keys` (lineage records are not
     signed: anyone can claim a drafter was trained on something, which only ever holds it back)."""
-    from drafter.fingerprint import tensor_digest
+    from drafter.analysis.fingerprint import tensor_digest
     from registry.lineage import LINEAGE_FILE, SHA_PARAM, WEIGHTS_PARAM
 
     text = json.dumps({"dataset_digest": "planted", "prompt_keys": prompt_keys, "weights_digest": tensor_digest(folder),

@@ -44,7 +44,7 @@ def evaluate(tmp, uri, target, profile, *extra):
 def register_gated(tmp: Path, wrapped: Path, seeds: tuple[int, ...], tracking_uri: str = "") -> None:
     """Tiny drafters (one per seed) imported as versions 1, 2, ... of k25-tiny-eagle3, each gated (in the
     folder's own store, or the one `tracking_uri` names: a tracking server, say)."""
-    from drafter.checkpoint import save_drafter
+    from drafter.formats.checkpoint import save_drafter
 
     vocab = json.loads((wrapped / "config.json").read_text())["text_config"]["vocab_size"]
     for seed in seeds:

@@ -7,8 +7,8 @@ import os
 import torch
 from safetensors.torch import save_file
 
-from drafter.data import HiddenStateDataset
-from drafter.train import TrainConfig, is_rank0, scratch_drafter, train
+from drafter.data.dataset import HiddenStateDataset
+from drafter.train.loop import TrainConfig, is_rank0, scratch_drafter, train
 from tests.helpers.drafters import tiny_config
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from drafter.prompts import tokenize_record
-from drafter.target import load_target
+from drafter.data.prompts import tokenize_record
+from drafter.model.target import load_target
 
 
 def main() -> None:

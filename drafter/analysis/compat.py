@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 
 from common.errors import BadInput
-from drafter.checkpoint import CONFIG_DTYPES, DTYPES, EMBED, TensorInfo, expected_tensors, parse_header_bytes
-from drafter.config import NORM_FLAGS, DrafterConfig, TargetConfig
-from drafter.rope import rope_from_config
-from drafter.vocab import validate_vocab_maps
+from drafter.formats.checkpoint import CONFIG_DTYPES, DTYPES, EMBED, TensorInfo, expected_tensors, parse_header_bytes
+from drafter.model.config import NORM_FLAGS, DrafterConfig, TargetConfig
+from drafter.model.rope import rope_from_config
+from drafter.model.vocab import validate_vocab_maps
 
 
 @dataclass
@@ -285,14 +285,14 @@ def _hub_file(repo: str, filename: str, revision: str | None) -> Path:
 
 def drafter_facts(source: str | Path, revision: str | None = None) -> DrafterFacts:
     """A local drafter folder (headers + the small vocab tensors) or a hub id (headers only)."""
-    from drafter.checkpoint import read_header, read_hub_header
-    from drafter.layouts import view
+    from drafter.formats.checkpoint import read_header, read_hub_header
+    from drafter.formats.layouts import view
 
     path = Path(source)
     if path.exists():
         if not path.is_dir():
             raise BadInput(f"{path}: not a drafter folder")
-        seen = view(path)  # any layout public drafters ship in, read as the project's (drafter/layouts.py)
+        seen = view(path)  # any layout public drafters ship in, read as the project's (drafter/formats/layouts.py)
         if seen.layout == "project":
             return DrafterFacts(seen.config, seen.header, local_tensor_reader(path, seen.header), str(path))
         own = read_header(path)
@@ -314,7 +314,7 @@ def drafter_facts(source: str | Path, revision: str | None = None) -> DrafterFac
 
 def target_facts(source: str | Path, revision: str | None = None) -> TargetFacts:
     """A target folder (config, plus the embedding's header when weights are there) or a hub id."""
-    from drafter.checkpoint import read_hub_header, tensor_header
+    from drafter.formats.checkpoint import read_hub_header, tensor_header
 
     path = Path(source)
     if path.exists():

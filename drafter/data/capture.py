@@ -16,8 +16,8 @@ from tqdm.auto import tqdm
 
 from common import failpoints
 from common.errors import BadInput
-from drafter.data import CapturedStates, DatasetComplete, DatasetWriter, Sample
-from drafter.prompts import TokenizedPrompt, tokenize_record
+from drafter.data.dataset import CapturedStates, DatasetComplete, DatasetWriter, Sample
+from drafter.data.prompts import TokenizedPrompt, tokenize_record
 
 
 def bytes_per_token(hidden_size: int) -> int:
@@ -134,7 +134,7 @@ def capture_records(
     progress: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """Load the target, capture these prompts into `out` and let the target go (one in memory at a time)."""
-    from drafter.target import load_target
+    from drafter.model.target import load_target
 
     target = load_target(target_ref, progress=progress)
     target.check_layer_ids(layer_ids)

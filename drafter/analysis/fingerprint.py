@@ -25,11 +25,11 @@ def _sha(obj: Any) -> str:
 def target_digest(source: str | Path) -> str:
     """sha256 over the target's config.json and its weights' headers (local folders); hub ids are
     resolved through the local hub cache only when they were downloaded before."""
-    from drafter.checkpoint import read_file_header
+    from drafter.formats.checkpoint import read_file_header
 
     folder = Path(source)
     if not folder.is_dir():
-        from drafter.target import resolve_local
+        from drafter.model.target import resolve_local
 
         folder, _ = resolve_local(str(source))
     config = folder / "config.json"
@@ -72,7 +72,7 @@ def tensor_digest(folder: str | Path) -> str:
     precision (floating point as float32, the rest as int64), in name order, whatever file, shard layout,
     metadata or dtype they were saved with. Lineage is looked up by it, so weights re-saved with other
     metadata, re-imported from a folder, or re-saved losslessly in another precision (bf16 as float32) are
-    still the same weights. A lossy change (float32 as bf16, any noise) is another digest: `drafter.sketch`
+    still the same weights. A lossy change (float32 as bf16, any noise) is another digest: `drafter.analysis.sketch`
     recognises those near-copies."""
     return _sha({name: f"{shape}|{hashlib.sha256(raw).hexdigest()}" for name, shape, raw in _canonical(folder)})
 

@@ -19,10 +19,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from common.errors import BadInput
-from drafter import aux_layers
-from drafter.config import DrafterConfig, read_json
-from drafter.model import Eagle3Drafter, Rotary
-from drafter.vocab import validate_vocab_maps
+from drafter.formats import aux_layers
+from drafter.model.config import DrafterConfig, read_json
+from drafter.model.eagle3 import Eagle3Drafter, Rotary
+from drafter.model.vocab import validate_vocab_maps
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -338,7 +338,7 @@ def export_drafter(
     src: str | Path, out: str | Path, engine: str = "sglang", handed_ids: list[int] | None = None
 ) -> Path:
     """Serving layout: the same tensors without embed_tokens (SGLang/vLLM take the target's), and a
-    config in `engine`'s reading of the aux layer ids (drafter/aux_layers.py) with the keys engines
+    config in `engine`'s reading of the aux layer ids (drafter/formats/aux_layers.py) with the keys engines
     need (model_type, num_hidden_layers, ...). `handed_ids` overrides the translation (a test of what
     an untranslated folder does).
 

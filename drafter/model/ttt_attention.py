@@ -2,7 +2,7 @@
 
 A TTT step's query at position t sees the step-0 keys of positions <= t (of its own sample, not
 padding, within the sliding window if the drafter has one) plus one key per earlier step at its own
-position (the chain's "diagonal"). The eager path (drafter/model.py, `attention="eager"`) keeps the
+position (the chain's "diagonal"). The eager path (drafter/model/eagle3.py, `attention="eager"`) keeps the
 whole [heads, T, T + j] probability matrix of every step for backward: 75.6 GiB of activations for
 the real K2 drafter at 4096 tokens and TTT 7.
 

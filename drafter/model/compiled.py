@@ -3,7 +3,7 @@
 On a GPU each small operation of a norm, a rotary embedding or SwiGLU is a kernel of its own that reads
 and writes the whole activation; compiled, each is one fused kernel forward and one backward, and
 autograd keeps what the compiler's partitioner chooses to keep: the inputs, with the rest recomputed in
-backward, as drafter/lean_ops.py does by hand on the CPU. Shapes are dynamic from the first call, so
+backward, as drafter/model/lean_ops.py does by hand on the CPU. Shapes are dynamic from the first call, so
 every length, step and row count shares one compilation (per dtype), and Optuna's trials in one process
 reuse it. The CPU path runs the same functions uncompiled (`on_device` says which applies).
 """

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from drafter import compiled
+from drafter.model import compiled
 
 CHUNK_ELEMENTS = 1 << 26  # on the CPU one chunk's fp32 logits stay within 256 MiB, whatever the vocabulary
 

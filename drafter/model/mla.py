@@ -29,9 +29,9 @@ import torch
 from torch import nn
 
 from common.errors import BadInput
-from drafter import compiled
-from drafter.lean_ops import RMSNorm
-from drafter.rope import RopeSpec
+from drafter.model import compiled
+from drafter.model.lean_ops import RMSNorm
+from drafter.model.rope import RopeSpec
 
 ARCHITECTURES = ("Eagle3DeepseekV3ForCausalLM", "Eagle3DeepseekV2ForCausalLM")
 # vLLM 0.32 reads a draft of model_type deepseek_v3 as DeepSeek's MTP module (config/speculative.py,
@@ -94,7 +94,7 @@ class MLASpec:
 
 def softmax_factor(rope: RopeSpec | None) -> float:
     """DeepSeek's YaRN also scales the softmax, by mscale(factor, mscale_all_dim) squared (vLLM's
-    `deepseek_yarn`, deepseek_v2.py; the rotary angles and their cos/sin factor are drafter/rope.py's yarn)."""
+    `deepseek_yarn`, deepseek_v2.py; the rotary angles and their cos/sin factor are drafter/model/rope.py's yarn)."""
     if rope is None or rope.rope_type != "yarn":
         return 1.0
     m = 0.1 * float(rope.mscale_all_dim or 0.0) * math.log(rope.factor) + 1.0 if rope.factor > 1 else 1.0
@@ -112,7 +112,7 @@ def check_rope(rope: RopeSpec, where: str) -> None:
 
 
 def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """GPT-J / DeepSeek rotary: dimensions (2i, 2i+1) rotate by angle i. cos/sin as drafter.model's
+    """GPT-J / DeepSeek rotary: dimensions (2i, 2i+1) rotate by angle i. cos/sin as drafter.model.eagle3's
     Rotary gives them ([B or 1, T, d], the d/2 angles twice); x: [B, heads, T, d]."""
     if compiled.on_device(x):
         return compiled.compiled(_rope_interleaved)(x, cos, sin)

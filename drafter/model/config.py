@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import BadInput
-from drafter import mla
-from drafter.aux_layers import CONVENTION_KEY, project_ids
-from drafter.mla import MLASpec
-from drafter.rope import RopeSpec, rope_from_config
+from drafter.formats.aux_layers import CONVENTION_KEY, project_ids
+from drafter.model import mla
+from drafter.model.mla import MLASpec
+from drafter.model.rope import RopeSpec, rope_from_config
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 LLAMA_ARCHITECTURES = (ARCHITECTURE, "Eagle3LlamaForCausalLM")
@@ -151,7 +151,7 @@ class DrafterConfig:
     torch_dtype: str = "bfloat16"
     target_hidden_size: int | None = None
     sliding_window: int | None = None  # the draft layer sees at most this many positions back (None: all)
-    mla: MLASpec | None = None  # the MLA draft layer's dimensions (drafter/mla.py); None: Llama attention
+    mla: MLASpec | None = None  # the MLA draft layer's dimensions (drafter/model/mla.py); None: Llama attention
     fc_norm: bool = False
     norm_before_fc: bool = False
     norm_output: bool = False

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from drafter import compiled
+from drafter.model import compiled
 
 
 def _wide(x: torch.Tensor) -> torch.Tensor:
@@ -48,7 +48,7 @@ def _plain_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """weight * (x / rms(x)), the normalisation in fp32, the result in x's dtype times the weight
-    (on a GPU one compiled kernel each way, drafter/compiled.py)."""
+    (on a GPU one compiled kernel each way, drafter/model/compiled.py)."""
     if compiled.on_device(x):
         return compiled.compiled(_plain_rms_norm)(x, weight, eps)
     return _RMSNorm.apply(x, weight, eps)

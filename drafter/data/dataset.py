@@ -27,8 +27,8 @@ import torch
 from safetensors.torch import save_file
 
 from common.errors import BadInput
-from drafter.checkpoint import DTYPES, parse_header_bytes
-from drafter.config import read_json
+from drafter.formats.checkpoint import DTYPES, parse_header_bytes
+from drafter.model.config import read_json
 
 FORMAT = "drafterops-hidden-states"
 VERSION = 1
@@ -475,7 +475,7 @@ class Batch:
     aux_hidden: torch.Tensor  # [B, T, 3H] float32
     last_hidden: torch.Tensor  # [B, T, H] float32
     target_token: torch.Tensor  # [B, T] int64
-    position_ids: torch.Tensor | None = None  # [B, T] when rows hold packed samples (drafter/packing.py)
+    position_ids: torch.Tensor | None = None  # [B, T] when rows hold packed samples (drafter/data/packing.py)
     segment_ids: torch.Tensor | None = None  # [B, T] the sample each position belongs to; pad -1
 
     @property

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from drafter.fingerprint import canonical_values, tensors
+from drafter.analysis.fingerprint import canonical_values, tensors
 
 BUCKETS = 32
 NEAR = 0.01

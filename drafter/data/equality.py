@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from drafter.data import HiddenStateDataset
+from drafter.data.dataset import HiddenStateDataset
 
 MIN_COSINE = 0.999
 MIN_TOKEN_AGREEMENT = 0.99
@@ -94,10 +94,10 @@ def compare(a: HiddenStateDataset, b: HiddenStateDataset) -> Equality:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m drafter.data_equality A B`: hold dataset A (an engine's capture, say) to B (in-process)."""
+    """`python -m drafter.data.equality A B`: hold dataset A (an engine's capture, say) to B (in-process)."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m drafter.data_equality", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m drafter.data.equality", description=main.__doc__)
     p.add_argument("a")
     p.add_argument("b")
     args = p.parse_args(argv)

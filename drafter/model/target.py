@@ -16,9 +16,9 @@ import torch
 from safetensors import safe_open
 
 from common.errors import BadInput
-from drafter.checkpoint import read_header, weight_files
-from drafter.config import TargetConfig
-from drafter.data import CapturedStates
+from drafter.data.dataset import CapturedStates
+from drafter.formats.checkpoint import read_header, weight_files
+from drafter.model.config import TargetConfig
 
 HUB_PATTERNS = [
     "config.json",
@@ -160,7 +160,7 @@ class Target:
         return TargetOutput(out.logits, aux, final["h"], cache if cache is not None else out.past_key_values)
 
     def capture_states(self, input_ids: list[int]) -> CapturedStates:
-        """One prompt's states for a dataset (drafter.capture.StateSource): aux, final-norm, greedy next tokens."""
+        """One prompt's states for a dataset (drafter.data.capture.StateSource): aux, final-norm, greedy next tokens."""
         res = self.forward(torch.tensor([input_ids]))
         return CapturedStates(res.aux_hidden[0], res.last_hidden[0], res.logits[0].argmax(-1))
 

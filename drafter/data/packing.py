@@ -10,7 +10,7 @@ gives the same loss and gradients as the padded one (tests/test_packing.py).
 
 from __future__ import annotations
 
-from drafter.data import Batch, Sample, cut_lengths, fill_rows
+from drafter.data.dataset import Batch, Sample, cut_lengths, fill_rows
 
 
 def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:

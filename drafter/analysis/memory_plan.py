@@ -9,10 +9,10 @@ that it does not fit from a one-line refusal, not from a run that dies after an 
   the gradients too, ZeRO-3 the weights as well; the frozen embedding (the target's) is held in the
   training precision, partitioned only under ZeRO-3.
 - A plan fits when it does with a 15% margin: its error against measured peaks (bench/memory_plan).
-- Activations are counted from the TTT forward (drafter/model.py) at the worst case the settings
+- Activations are counted from the TTT forward (drafter/model/eagle3.py) at the worst case the settings
   allow: every sample as long as `max_len`, every position trained, each on its own row: per TTT step
   the norms, projections, MLP and draft logits kept for backward, the attention's outputs and
-  log-sum-exp (drafter/ttt_attention.py: no probability matrix is kept, so all of it grows linearly
+  log-sum-exp (drafter/model/ttt_attention.py: no probability matrix is kept, so all of it grows linearly
   with length), the target's draft-vocabulary distribution, and the largest transients of the
   backward pass.
 - The runtime (interpreter, torch, DeepSpeed) is what this process holds when the plan is made, once
@@ -27,7 +27,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from drafter.config import DrafterConfig
+from drafter.model.config import DrafterConfig
 
 GIB = 1024**3
 MARGIN = 0.15  # the plan's error against measured peaks (bench/memory_plan): a fit must hold with it
@@ -63,11 +63,11 @@ def activation_bytes(
 ) -> int:
     """Peak bytes of one micro-batch's forward kept for backward, plus the backward's transients.
 
-    `attention="blockwise"` (drafter/ttt_attention.py) keeps per step and position only the query's
+    `attention="blockwise"` (drafter/model/ttt_attention.py) keeps per step and position only the query's
     output, its log-sum-exp and the chain's own keys and values: every term is linear in `width`
     except one query block's scores, which are bounded. `"eager"` keeps each step's whole probability
-    matrix, [heads, width, width + step] per row. `"flex"` is the GPU path (drafter/flex_ttt.py)."""
-    from drafter.ttt_attention import BLOCK_ELEMENTS
+    matrix, [heads, width, width + step] per row. `"flex"` is the GPU path (drafter/model/flex_ttt.py)."""
+    from drafter.model.ttt_attention import BLOCK_ELEMENTS
 
     h, i, vd, ht = cfg.hidden_size, cfg.intermediate_size, cfg.draft_vocab_size, cfg.target_hidden
     heads = cfg.num_attention_heads
@@ -77,7 +77,7 @@ def activation_bytes(
     batch = n * (4 * (3 * ht + h) + 3 * 8 + 3) + (n * 3 * ht * a if bf16 else 0)  # collated batch (+ cast)
     batch += n * 3 * ht * f * (int(cfg.fc_norm) + int(cfg.norm_before_fc))  # EAGLE-3.1: fc's input normed first
     target = 2 * n * vd * f  # the target's draft-vocab logits and distribution
-    # per step and position: four norms keep their inputs and an fp32 reciprocal norm (drafter/lean_ops.py),
+    # per step and position: four norms keep their inputs and an fp32 reciprocal norm (drafter/model/lean_ops.py),
     # projections their inputs and outputs, SwiGLU gate and up, the logits in both precisions
     # (MLA: its latents too); the EAGLE-3.1 norms before fc are per position once, in the batch's width
     per_step_position = f * 4 + a * (7 * h + q + k + v + o + kept + 2 * i + vd) + f * vd
@@ -100,7 +100,7 @@ def activation_bytes(
 
 
 def _fused_activation_bytes(cfg: DrafterConfig, rows: int, width: int, ttt: int, bf16: bool) -> int:
-    """The GPU path (drafter/ttt_step.py over drafter/flex_ttt.py): per step and position the compiled norms
+    """The GPU path (drafter/train/ttt_step.py over drafter/model/flex_ttt.py): per step and position the compiled norms
     keep their inputs and an fp32 reciprocal norm, the projections their inputs, flex attention its query,
     output and log-sum-exp, SwiGLU gate and up, and the fused loss its gradient of the logits (no fp32
     log-softmax); step j's keys and values are step 0's and the j earlier steps' side by side, kept whole

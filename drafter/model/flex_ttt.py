@@ -2,7 +2,7 @@
 
 A TTT step's query at position t sees the step-0 keys of positions <= t (of its own sample, not
 padding, within the sliding window if the drafter has one) plus one key per earlier step at its own
-position (the chain's "diagonal"): the rule drafter/ttt_attention.py walks block by block in Python,
+position (the chain's "diagonal"): the rule drafter/model/ttt_attention.py walks block by block in Python,
 here handed to one compiled kernel forward and one backward. The keys are step 0's [T] followed by
 each earlier step's chain keys [M each], and the mask says which a query may see:
 
@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from drafter import compiled
-from drafter.ttt_attention import KeyRule
+from drafter.model import compiled
+from drafter.model.ttt_attention import KeyRule
 
 PAD = 256  # mask tables reach this far past the last query and key: a kernel may read a block beyond
 DYNAMIC = os.environ.get("DRAFTEROPS_FLEX_DYNAMIC", "1") != "0"  # one compiled kernel for every length

@@ -16,9 +16,9 @@ import torch
 from tqdm.auto import tqdm
 
 from common.errors import BadInput
-from drafter.model import Eagle3Drafter
-from drafter.speculate import speculative_generate, target_generate
-from drafter.target import Target
+from drafter.decode.speculate import speculative_generate, target_generate
+from drafter.model.eagle3 import Eagle3Drafter
+from drafter.model.target import Target
 from serving.cost import break_even_accept_len, fit_conditional_acceptance, projected_tps
 from serving.profile import Profile
 from serving.workload import acceptance_by_position, bootstrap_ci, pooled
@@ -147,7 +147,7 @@ def evaluate_online(
     """Speculative decoding on each prompt, timed against the target decoding alone."""
     if target.tokenizer is None:
         raise BadInput(f"{target.folder}: target has no tokenizer; online evaluation needs one")
-    target.set_aux_layers(list(drafter.config.aux_layer_ids))
+    target.set_aux_layers(list(drafter.model.config.aux_layer_ids))
     ctx = int(getattr(target.model.config, "max_position_embeddings", 4096))
     prompts, truncated = encode_prompts(target.tokenizer, records, ctx, max_new_tokens, k)
     eos = stop_token(target.tokenizer)
@@ -214,7 +214,7 @@ def target_tokenizer(target: str | Path) -> tuple[Any, int]:
     """The target's tokenizer and context length (what prompts are encoded and cut with), or bad input."""
     from transformers import AutoTokenizer
 
-    from drafter.config import TargetConfig
+    from drafter.model.config import TargetConfig
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(target)

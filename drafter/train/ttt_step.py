@@ -4,7 +4,7 @@ drafter/loss.ttt_loss scores every step's logits at once, after the forward, so 
 together with their fp32 log-softmax. Here drafter/model.ttt_states hands over each step's carried
 states as soon as the step is done; the draft head turns them into logits and drafter/soft_ce scores
 them at once, so a step's logits never outlive it. Nothing reads a number back to the host: the loss
-and the counts stay on the device until whoever logs them asks (drafter/train.py, once per logging
+and the counts stay on the device until whoever logs them asks (drafter/train/loop.py, once per logging
 interval). The arithmetic is ttt_loss's, position for position (tests/test_ttt_step.py): the GPU path
 trains what the CPU path trains.
 """
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import torch
 
-from drafter.data import Batch
-from drafter.loss import StepStats, loss_positions, shifted
-from drafter.model import Eagle3Drafter
-from drafter.soft_ce import soft_cross_entropy
-from drafter.ttt_plan import PackedPlan, Plan, StepPlan
+from drafter.data.dataset import Batch
+from drafter.model.eagle3 import Eagle3Drafter
+from drafter.model.ttt_plan import PackedPlan, Plan, StepPlan
+from drafter.train.loss import StepStats, loss_positions, shifted
+from drafter.train.soft_ce import soft_cross_entropy
 
 
 def ttt_step_loss(

@@ -20,17 +20,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from drafter import compiled
-from drafter.config import DrafterConfig
-from drafter.flex_ttt import flex_ttt_attention
-from drafter.lean_ops import RMSNorm, swiglu
-from drafter.mla import MLAAttention
-from drafter.rope import RopeSpec
-from drafter.ttt_attention import KeyRule, blockwise_ttt_attention
-from drafter.ttt_plan import PackedPlan, Plan, Rows, StepPlan, count, plan_steps
+from drafter.model import compiled
+from drafter.model.config import DrafterConfig
+from drafter.model.flex_ttt import flex_ttt_attention
+from drafter.model.lean_ops import RMSNorm, swiglu
+from drafter.model.mla import MLAAttention
+from drafter.model.rope import RopeSpec
+from drafter.model.ttt_attention import KeyRule, blockwise_ttt_attention
+from drafter.model.ttt_plan import PackedPlan, Plan, Rows, StepPlan, count, plan_steps
 
-# blockwise: memory linear in length (drafter/ttt_attention.py), the CPU path; flex: fused kernels
-# (drafter/flex_ttt.py), the GPU path; auto: flex on CUDA, blockwise elsewhere; eager: the reference
+# blockwise: memory linear in length (drafter/model/ttt_attention.py), the CPU path; flex: fused kernels
+# (drafter/model/flex_ttt.py), the GPU path; auto: flex on CUDA, blockwise elsewhere; eager: the reference
 ATTENTION = ("auto", "blockwise", "flex", "eager")
 
 
@@ -41,7 +41,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 class Rotary(nn.Module):
     """RoPE angles for arbitrary (not necessarily contiguous) positions, with the config's scaling
-    (drafter/rope.py: default, linear, llama3, yarn)."""
+    (drafter/model/rope.py: default, linear, llama3, yarn)."""
 
     def __init__(self, head_dim: int, rope: RopeSpec, max_position_embeddings: int) -> None:
         super().__init__()
@@ -59,7 +59,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, heads, T, d]; cos/sin: [B or 1, T, d] (on a GPU one compiled kernel, drafter/compiled.py)."""
+    """x: [B, heads, T, d]; cos/sin: [B or 1, T, d] (on a GPU one compiled kernel, drafter/model/compiled.py)."""
     return compiled.compiled(_rope)(x, cos, sin) if compiled.on_device(x) else _rope(x, cos, sin)
 
 
@@ -192,7 +192,7 @@ class Eagle3Drafter(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)  # a frozen copy of the target's
         self.fc = nn.Linear(3 * cfg.target_hidden, cfg.hidden_size, bias=False)
-        if cfg.norm_before_fc:  # EAGLE-3.1 (drafter/config.py NORM_FLAGS): one norm over the three states
+        if cfg.norm_before_fc:  # EAGLE-3.1 (drafter/model/config.py NORM_FLAGS): one norm over the three states
             self.input_norm = RMSNorm(3 * cfg.target_hidden, cfg.rms_norm_eps)
         if cfg.fc_norm:  # one norm per aux state
             self.fc_norm = nn.ModuleList(RMSNorm(cfg.target_hidden, cfg.rms_norm_eps) for _ in range(3))
@@ -265,9 +265,9 @@ class Eagle3Drafter(nn.Module):
         its attention and MLP where step j or a later one is (a prompt position is never scored, so
         only step 0's keys and values cover it). The logits elsewhere are 0 and carry no gradient, or
         are left off: a step's logits may be shorter than T when no later position is scored. A
-        `plan` made on the host from the same masks (drafter/ttt_plan.py) spares the GPU path the waits.
+        `plan` made on the host from the same masks (drafter/model/ttt_plan.py) spares the GPU path the waits.
 
-        Packed rows (drafter/packing.py) pass `position_ids` (restarting per sample) and `segment_ids`:
+        Packed rows (drafter/data/packing.py) pass `position_ids` (restarting per sample) and `segment_ids`:
         a position attends only to its own sample, and no step is scored across two samples.
         """
         b, t = input_ids.shape
@@ -296,7 +296,7 @@ class Eagle3Drafter(nn.Module):
     ) -> Iterator[tuple[torch.Tensor, Rows | None]]:
         """The TTT unroll one step at a time: for each step, the carried states its logits are read from
         ([B, n, H], at the plan's scored positions) and those positions (None: all T). A caller that
-        scores each step as it comes (drafter/ttt_step.py) never holds every step's logits at once."""
+        scores each step as it comes (drafter/train/ttt_step.py) never holds every step's logits at once."""
         b, t = input_ids.shape
         dtype = self.fc.weight.dtype
         if noise_std > 0:

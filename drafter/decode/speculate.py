@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from drafter.model import DraftCache, Eagle3Drafter
-from drafter.target import Target
+from drafter.model.eagle3 import DraftCache, Eagle3Drafter
+from drafter.model.target import Target
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Which positions each TTT step computes and scores, worked out on the host before a step runs.
 
-The forward computes only what the loss reads (drafter/model.py): step j's logits where step j is
+The forward computes only what the loss reads (drafter/model/eagle3.py): step j's logits where step j is
 scored, its attention and MLP where step j or a later step is. How many positions that is decides
 tensor shapes, so on a GPU working it out from device tensors would stop the host at every step and
 every row until the GPU caught up. The masks come from the data loader on the host: the plan is made
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from drafter.loss import shifted
+from drafter.train.loss import shifted
 
 Rows = torch.Tensor | int  # [B, M] positions per row, or M for the prefix 0..M-1 of every row
 
@@ -55,7 +55,7 @@ class StepPlan:
 
 @dataclass(frozen=True)
 class PackedPlan:
-    """Packed rows run one at a time, each cut to its content (drafter/model.py `_each_row`): each row's
+    """Packed rows run one at a time, each cut to its content (drafter/model/eagle3.py `_each_row`): each row's
     length and its own plan."""
 
     lengths: tuple[int, ...]

@@ -24,16 +24,16 @@ import torch
 from tqdm.auto import tqdm
 
 from common.errors import BadInput
-from drafter.config import DrafterConfig, check_depth
-from drafter.data import collate, split_indices, token_counts
-from drafter.loss import StepStats, loss_positions, pred_mask_from_loss_mask, target_draft_logits, ttt_loss
-from drafter.model import Eagle3Drafter
-from drafter.packing import collate_packed
-from drafter.ttt_plan import plan_steps
-from drafter.ttt_step import ttt_step_loss
-from drafter.vocab import build_vocab_maps
+from drafter.data.dataset import collate, split_indices, token_counts
+from drafter.data.packing import collate_packed
+from drafter.model.config import DrafterConfig, check_depth
+from drafter.model.eagle3 import Eagle3Drafter
+from drafter.model.ttt_plan import plan_steps
+from drafter.model.vocab import build_vocab_maps
+from drafter.train.loss import StepStats, loss_positions, pred_mask_from_loss_mask, target_draft_logits, ttt_loss
+from drafter.train.ttt_step import ttt_step_loss
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "deepspeed"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "deepspeed"
 
 
 class TrainingDiverged(RuntimeError):
@@ -71,7 +71,7 @@ class TrainConfig:
     ds_overrides: dict[str, Any] = field(default_factory=dict)
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0  # 0: checkpoint at every validation
-    packing: bool = True  # pack a batch's samples into rows (drafter/packing.py); False pads each to the longest
+    packing: bool = True  # pack a batch's samples into rows (drafter/data/packing.py); False pads each to the longest
     log_every: int = 0  # steps whose figures are read from the device at once; 0: every step on a CPU, 10 on a GPU
 
     def to_params(self) -> dict[str, Any]:
@@ -91,7 +91,7 @@ class TrainResult:
 
 def warmup_seconds(intervals: list[tuple[int, float]]) -> float:
     """What the first logging interval took beyond its steps at the later intervals' steady pace: on a GPU
-    the compilation (drafter/compiled.py), on a CPU little more than page-ins. 0 with a single interval."""
+    the compilation (drafter/model/compiled.py), on a CPU little more than page-ins. 0 with a single interval."""
     if len(intervals) < 2:
         return 0.0
     steps, seconds = sum(n for n, _ in intervals[1:]), sum(t for _, t in intervals[1:])
@@ -416,8 +416,8 @@ class _Pending:
 
 def _step(run: _Setup, dataset: Any, cfg: TrainConfig, step: int) -> _Pending:
     """One optimizer step on this rank's share of the global batch. The batch and its masks are made on
-    the host; on a GPU the step's plan is made there too (drafter/ttt_plan.py), each TTT step is scored as
-    it comes (drafter/ttt_step.py), and nothing waits for the device: the figures stay there."""
+    the host; on a GPU the step's plan is made there too (drafter/model/ttt_plan.py), each TTT step is scored as
+    it comes (drafter/train/ttt_step.py), and nothing waits for the device: the figures stay there."""
     import torch.distributed as dist
 
     engine, world, device = run.engine, run.world, run.engine.device

@@ -6,7 +6,7 @@ decoder's settings from `transformer_layer_config`, whose `model_type` must be l
 draft layer has no speculators form for vLLM 0.32: refused by name); `draft_vocab_size`,
 `target_hidden_size`; `norm_before_residual` with a default of True when the key is missing,
 `norm_before_fc`, `fc_norm`, `norm_output` with a default of False (EAGLE-3.1's norms: the project builds
-all four, drafter/config.py); `eagle_aux_hidden_state_layer_ids` only when present (else the model's
+all four, drafter/model/config.py); `eagle_aux_hidden_state_layer_ids` only when present (else the model's
 default layers), read as vLLM reads every aux id (the input of layer i: drafter/aux_layers). Every flag
 is written out explicitly, since a folder without `norm_before_residual` is served as another network.
 
@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import BadInput
-from drafter import aux_layers
-from drafter.checkpoint import EMBED, checked, copy_tensors, header_problems, read_header
-from drafter.config import ARCHITECTURE, DrafterConfig, read_json
+from drafter.formats import aux_layers
+from drafter.formats.checkpoint import EMBED, checked, copy_tensors, header_problems, read_header
+from drafter.model.config import ARCHITECTURE, DrafterConfig, read_json
 
 MODEL_TYPE = "eagle3"
-NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")  # drafter/config.py NORM_FLAGS
+NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")  # drafter/model/config.py NORM_FLAGS
 PROJECT_LAYER, SPECULATORS_LAYER = "midlayer.", "layers.0."
 TOP_LEVEL = ("architectures", "eagle_config", "draft_vocab_size", "target_hidden_size", aux_layers.CONVENTION_KEY)
 

@@ -7,7 +7,7 @@ fc norms) runs once a cycle beside the verify, and the embedding is a row lookup
 reads 1.5x the parameters of the one a profile's draft_step_ms was timed with costs about 1.5x a step
 (serving.cost.priced_for). Counted from the config, which the shape gate holds to the headers.
 
-    python -m drafter.step_cost FOLDER [FOLDER ...]
+    python -m drafter.analysis.step_cost FOLDER [FOLDER ...]
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from drafter.checkpoint import EMBED, expected_tensors
-from drafter.config import DrafterConfig
+from drafter.formats.checkpoint import EMBED, expected_tensors
+from drafter.model.config import DrafterConfig
 
 PER_CYCLE = ("fc.weight", "fc_norm.", "input_norm.weight")  # read once a cycle, with the aux states
 NOT_READ = (EMBED, "d2t", "t2d")  # a row lookup and the vocabulary maps
@@ -44,8 +44,8 @@ def step_cost(cfg: DrafterConfig) -> StepCost:
 
 
 def folder_step_cost(folder: str | Path) -> StepCost:
-    """A drafter folder in any layout the project reads (drafter/layouts.py)."""
-    from drafter.layouts import view
+    """A drafter folder in any layout the project reads (drafter/formats/layouts.py)."""
+    from drafter.formats.layouts import view
 
     return step_cost(view(folder).config)
 

@@ -1,12 +1,12 @@
 """The layouts public EAGLE-3 drafters ship in, read into the project's and written back out.
 
 The project's layout is SpecForge's and SGLang's (`midlayer.` names, `d2t` and `t2d`, config.json as
-drafter/config.py reads it, for the Llama and the MLA draft layer alike). The others differ in names and
+drafter/model/config.py reads it, for the Llama and the MLA draft layer alike). The others differ in names and
 config keys, never in the numbers, so reading one is a rename plus a config translation, then checked
 tensor by tensor against the config it yields (drafter/checkpoint.header_problems). Where each comes from:
 
 - `speculators` (vllm-project/speculators, `models/eagle3/config.py`; vLLM 0.32's
-  `transformers_utils/configs/speculators/algos.py`): drafter/speculators_format.py.
+  `transformers_utils/configs/speculators/algos.py`): drafter/formats/speculators.py.
 - `modelopt` (NVIDIA/Model-Optimizer, `torch/export/plugins/hf_spec_export.py` and `hf_spec_configs.py`,
   2026-08): `layers.0.` names, no `t2d` (the draft vocabulary is `d2t`'s, or the whole vocabulary when
   there is no `d2t`), no `embed_tokens`; config `LlamaForCausalLMEagle3`/`llama` or, for an MLA layer,
@@ -39,8 +39,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from common.errors import BadInput
-from drafter import mla
-from drafter.checkpoint import (
+from drafter.formats.checkpoint import (
     EMBED,
     INDEX_FILE,
     TORCH_TO_ST,
@@ -50,9 +49,10 @@ from drafter.checkpoint import (
     read_header,
     save_drafter,
 )
-from drafter.config import ARCHITECTURE, DrafterConfig, read_json
-from drafter.model import Eagle3Drafter
-from drafter.speculators_format import from_speculators, is_speculators, project_config, to_speculators
+from drafter.formats.speculators import from_speculators, is_speculators, project_config, to_speculators
+from drafter.model import mla
+from drafter.model.config import ARCHITECTURE, DrafterConfig, read_json
+from drafter.model.eagle3 import Eagle3Drafter
 
 LAYOUTS = ("project", "speculators", "modelopt", "torchspec")
 PROJECT, ENGINE = "midlayer.", "layers.0."

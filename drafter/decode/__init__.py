@@ -1,0 +1,1 @@
+"""The drafter library's decode: speculative decoding and the in-process acceptance measurement."""
