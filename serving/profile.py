@@ -65,9 +65,11 @@ class Profile:
     concurrency: int | None = None  # set on a view of the profile at one operating point
     cycle_points: tuple[tuple[int, float], ...] = field(default=())  # timed cycles at this point, by depth
     # the deployment's target (a folder, resolved against the profile's own folder, or a hub id): evidence
-    # counts only when measured on it (registry.deployment); not in the digest, it is checked by its own
+    # counts only when measured on it (registry.ledger.deployment); not in the digest, it is checked by its own
     target: str = ""
-    trusted_evaluators: dict = field(default_factory=dict, compare=False)  # name -> "ed25519:..." (registry.trust)
+    trusted_evaluators: dict = field(
+        default_factory=dict, compare=False
+    )  # name -> "ed25519:..." (registry.ledger.trust)
     signed: dict = field(default_factory=dict, compare=False)  # calibrate's signature over values and measured
     # context bucket (serving.workload.context_buckets) -> the projected speed-up its conversations must reach
     context_floors: tuple[tuple[str, float], ...] = field(default=())

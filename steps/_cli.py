@@ -20,7 +20,7 @@ from typing import Any
 
 from common import failpoints
 from common.errors import INTERNAL_ERROR, BadInput, DrafterOpsError
-from registry.naming import use_default_store
+from registry.access.naming import use_default_store
 
 
 class _Parser(argparse.ArgumentParser):
@@ -85,7 +85,7 @@ def step_run(name: str, tags: dict[str, str] | None = None, run_name: str | None
     run, or starts a fresh one. Marks it FAILED when the step raises bad input."""
     import mlflow
 
-    from registry.store import client
+    from registry.access.store import client
 
     configure_mlflow()
     c = client()  # a fresh local store is created once, under its lock, before any run touches it
@@ -133,7 +133,7 @@ def project_experiment(c: object) -> str:
     created as a model-training experiment so that MLflow 3 opens it in its runs view."""
     from mlflow.exceptions import MlflowException
 
-    from registry.naming import EXPERIMENT_KIND, PROJECT_EXPERIMENT
+    from registry.access.naming import EXPERIMENT_KIND, PROJECT_EXPERIMENT
 
     if os.environ.get("MLFLOW_EXPERIMENT_ID"):
         return os.environ["MLFLOW_EXPERIMENT_ID"]
@@ -151,7 +151,7 @@ def project_experiment(c: object) -> str:
 
 def mark_model_training(c: object, experiment_id: str) -> None:
     """An experiment `mlflow run --experiment-name` created has no kind: say it is model training."""
-    from registry.naming import EXPERIMENT_KIND
+    from registry.access.naming import EXPERIMENT_KIND
 
     if experiment_id != "0" and "mlflow.experimentKind" not in c.get_experiment(experiment_id).tags:
         c.set_experiment_tag(experiment_id, "mlflow.experimentKind", EXPERIMENT_KIND)
@@ -219,7 +219,7 @@ def _record_exit_code(code: int) -> None:
     run_id = _STEP_RUNS[0] if _STEP_RUNS else os.environ.get("MLFLOW_RUN_ID")  # `mlflow run` made the run
     if not run_id:
         return
-    from registry.store import client
+    from registry.access.store import client
 
     with contextlib.suppress(Exception):
         client().set_tag(run_id, "drafterops.exit_code", str(code))
@@ -272,6 +272,6 @@ def log_params(effective: dict[str, object]) -> None:
 def run_label(mv: Any, target: str) -> str:
     """A version as a run's name gives it: `v3` in the target's own model, `ls-mini-eagle3-mla v1` in another
     (a bake-off's public drafters), so that no two steps' runs share a name."""
-    from registry import naming
+    from registry.access import naming
 
     return f"v{mv.version}" if mv.name == naming.model_name_for(target) else f"{mv.name} v{mv.version}"

@@ -77,11 +77,11 @@ def draft_depth(value: str) -> int:
 def resolve_model(model: str) -> tuple[Path, Any]:
     """(drafter folder, ModelVersion or None): a registry URI through the store, a folder or hub id as is."""
     if model.startswith("models:/"):
-        from registry import store
+        from registry.access import store
 
         mv = store.get_version(model)
         return store.download_version(f"models:/{mv.name}/{mv.version}").folder, mv
-    from registry.resolve import resolve_drafter
+    from registry.access.resolve import resolve_drafter
 
     return resolve_drafter(model).folder, None
 

@@ -367,7 +367,7 @@ def write_profile(out: Path, text: str) -> Any:
     it, then renamed over `out`): numbers edited later no longer verify, and read as a hand-written profile."""
     import yaml
 
-    from registry.deployment import sign_calibration
+    from registry.ledger.deployment import sign_calibration
     from serving.profile import load_profile
 
     tmp = out.with_name(f".{out.stem}.partial{out.suffix}")

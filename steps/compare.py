@@ -1,7 +1,7 @@
 """`compare`: a paired bake-off of drafters on a profile's pinned workload. Imports what is not registered
 yet, gates each candidate against the profile's target, evaluates on one engine with the profile's settings
 only where no valid signed evidence exists (the rest is reused), ranks by the traffic mix with paired
-per-prompt intervals (registry/bakeoff.py, serving/paired.py), and with --promote hands the winner to
+per-prompt intervals (registry/ledger/bakeoff.py, serving/paired.py), and with --promote hands the winner to
 `promote` when it beats the incumbent by a paired interval above zero.
 
     python -m steps.compare --candidates miniworld/aq-mini-eagle3,models:/k2.5-mini-eagle3@candidate \\
@@ -52,7 +52,7 @@ class Staged:
 @dataclass
 class Candidate:
     arg: str  # as given
-    sha: str  # its identity by content (registry.identity): the same drafter named twice is one candidate
+    sha: str  # its identity by content (registry.access.identity): the same drafter named twice is one candidate
     mv: Any = None  # the registered version (after import, for a folder or hub id)
     staged: Staged | None = None
     record: Any = None  # the evidence record it is ranked on
@@ -78,7 +78,7 @@ class Request:
 
 
 def run(args: argparse.Namespace) -> int:
-    from registry import store
+    from registry.access import store
 
     c = store.client()
     with contextlib.ExitStack() as stack:
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 def parse(args: argparse.Namespace, c: Any, tmp: Path) -> Request:
     """The profile, its deployment, every candidate found (registered, or staged for import) and told apart,
     and the keys the bake-off will sign with."""
-    from registry.deployment import check_target, deployment
+    from registry.ledger.deployment import check_target, deployment
     from serving.profile import load_profile
     from steps.evaluate import require_evaluator_key
     from steps.promote import require_promoter_key
@@ -132,7 +132,7 @@ def parse(args: argparse.Namespace, c: Any, tmp: Path) -> Request:
     promote = args.promote == "yes"
     if promote:
         require_promoter_key()
-    from registry.bakeoff import reusable_record
+    from registry.ledger.bakeoff import reusable_record
 
     for cand in candidates:
         if cand.mv is not None:
@@ -145,9 +145,9 @@ def parse(args: argparse.Namespace, c: Any, tmp: Path) -> Request:
 def find(c: Any, name: str, target: str, tmp: Path) -> Candidate:
     """A registry URI as the version it names; a folder or hub id read as import_drafter reads it (layout,
     headers against the config), matched to a registered version by content (the values of its tensors and its
-    config, registry.identity), never by a tag."""
-    from registry import naming, store
-    from registry.identity import content_identity, find_by_content, version_identity
+    config, registry.access.identity), never by a tag."""
+    from registry.access import naming, store
+    from registry.access.identity import content_identity, find_by_content, version_identity
 
     if name.startswith("models:/"):
         mv = store.get_version(name, c)
@@ -166,7 +166,7 @@ def find(c: Any, name: str, target: str, tmp: Path) -> Candidate:
 def import_name(source: str) -> str:
     """The registered model a bake-off imports a folder or hub id into: its own name (a public drafter is
     its own model, never a version of the team's chain, whose `imported` alias stays where it is)."""
-    from registry import naming
+    from registry.access import naming
 
     base = re.sub(r"[^A-Za-z0-9._-]", "-", source.rstrip("/").split("@")[0].split("/")[-1]) or "drafter"
     return naming.check_name(base.strip(".")[:128] or "drafter", "candidate")
@@ -175,7 +175,7 @@ def import_name(source: str) -> str:
 def register(request: Request, gated: list[Candidate]) -> None:
     """Import each staged candidate that passed the gate with import_drafter's own registration (a nested run,
     alias `imported`), under its own model name (import_name), then record its gate on the new version."""
-    from registry import store
+    from registry.access import store
     from steps import import_drafter
 
     for cand in gated:
@@ -201,7 +201,8 @@ def incumbents(c: Any, candidates: list[Candidate], target: str) -> list[Candida
     compared with it, paired."""
     from mlflow.exceptions import MlflowException
 
-    from registry import naming, sanction
+    from registry.access import naming
+    from registry.ledger import sanction
 
     added = []
     names = {cand.mv.name if cand.mv is not None else naming.model_name_for(target) for cand in candidates}
@@ -258,11 +259,11 @@ def shape_gate_of(cand: Candidate, request: Request, where: str, publish: bool) 
 
 
 def flag_contaminated(c: Any, request: Request, gated: list[Candidate]) -> None:
-    """A candidate whose lineage (registry.lineage: its runs, its weights by value, near-copies) or whose record
+    """A candidate whose lineage (registry.ledger.lineage: its runs, its weights by value, near-copies) or whose record
     says it was trained on pinned prompts, or whose lineage cannot be read, is flagged: ranked and shown, never
     the winner (promote would refuse it: its figure measures memory)."""
-    from registry.evidence import pinned_keys
-    from registry.lineage import lineage, overlap
+    from registry.ledger.evidence.verify import pinned_keys
+    from registry.ledger.lineage import lineage, overlap
 
     pinned = pinned_keys(request.profile)
     for cand in gated:
@@ -276,7 +277,7 @@ def flag_contaminated(c: Any, request: Request, gated: list[Candidate]) -> None:
 
 def measure(c: Any, request: Request, gated: list[Candidate]) -> None:
     """`evaluate` itself (its run nested here, its signed record) for each candidate without valid evidence."""
-    from registry.bakeoff import reusable_record
+    from registry.ledger.bakeoff import reusable_record
     from steps import evaluate
 
     for cand in gated:
@@ -317,11 +318,11 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
     """The ranking and its tables; with --promote, the winner handed to `promote` when the bake-off allows."""
     import mlflow
 
-    from registry import store
-    from registry.bakeoff import classes_of, may_promote
-    from registry.evidence import priced_profile
+    from drafter.analysis.step_cost import folder_step_cost
+    from registry.access import store
+    from registry.ledger.bakeoff import classes_of, may_promote
     from reports import bakeoff as report
-    from serving.cost import break_even_accept_len
+    from serving.cost import break_even_accept_len, priced_for
     from serving.paired import rank
     from serving.workload import class_figures
 
@@ -330,7 +331,7 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
     be, pricing = {}, {}
     for cand in gated:
         _, folder = store.version_folder(f"models:/{cand.mv.name}/{cand.mv.version}")
-        priced, said = priced_profile(profile, folder)
+        priced, said = priced_for(profile, folder_step_cost(folder).per_step)
         be[cand.label] = break_even_accept_len(priced.binding())
         pricing[f"- {cand.label}: {said}" if priced is not profile else said] = None  # "not priced" said once
     counts = {cand.label: classes_of(cand.record, profile) for cand in gated}

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from common.errors import BadInput
 from common.paths import MINIWORLD
-from registry import evidence
+from registry.ledger.evidence import record as ev_record
+from registry.ledger.evidence import verify as ev_verify
 from reports.acceptance import acceptance_figure, break_even_figure
 from reports.operating import depth_sentences, operating_metrics, served_vs_predicted
 from reports.workload import (
@@ -208,7 +209,10 @@ def priced(request: Request, folder: Path) -> Request:
     stays bound to the profile as written, and promote prices it again from the weights."""
     from dataclasses import replace
 
-    deployment, pricing = evidence.priced_profile(request.deployment, folder)
+    from drafter.analysis.step_cost import folder_step_cost
+    from serving.cost import priced_for
+
+    deployment, pricing = priced_for(request.deployment, folder_step_cost(folder).per_step)
     if deployment is not request.deployment:
         print(f"evaluate: {pricing}")
     return replace(request, deployment=deployment, binding=deployment.binding())
@@ -218,7 +222,7 @@ def deployment_target(request: Request) -> tuple[Any, str]:
     """The profile's deployment (None when it names no target: promote says why, where it matters) and
     this evaluation's target digest, read once for the precision and the warning below."""
     from drafter.analysis.fingerprint import target_digest
-    from registry.deployment import deployment
+    from registry.ledger.deployment import deployment
 
     try:
         dep = deployment(request.profile)
@@ -243,7 +247,7 @@ def measuring_precision(request: Request, dep: Any, digest: str) -> str:
 def warn_other_target(request: Request, dep: Any, digest: str) -> None:
     """Say at once when the target measured on is not the profile's deployment target: the record will then
     count for no decision on this profile."""
-    if request.scope != evidence.WORKLOAD or dep is None:
+    if request.scope != ev_record.WORKLOAD or dep is None:
         return
     if dep.digest and digest != dep.digest:
         print(f"evaluate: warning: {request.args.target} is not {request.profile.name}'s deployment target "
@@ -256,9 +260,9 @@ def warn_other_target(request: Request, dep: Any, digest: str) -> None:
 def require_evaluator_key(profile: Any) -> None:
     """An evaluation signs evidence: a key no trust list names as an evaluator (a promoter's, say) is refused
     before anything is measured, since its record would count for nothing."""
-    from registry.deployment import trust_for
-    from registry.signing import load_key
-    from registry.trust import EVALUATOR
+    from registry.ledger.deployment import trust_for
+    from registry.ledger.signing import load_key
+    from registry.ledger.trust import EVALUATOR
 
     key, trust = load_key(), trust_for(profile)
     if trust.name(EVALUATOR, key.id) is None:
@@ -337,7 +341,7 @@ def measure_offline(request: Request, drafter: Any, out: Evaluation) -> None:
     from drafter.train.loop import check_fit, offline_stats
 
     ds = HiddenStateDataset(request.data)
-    check_fit(drafter.model.config, ds)
+    check_fit(drafter.config, ds)
     out.dataset_digest = ds.index.get("digest", "")
     stats = offline_stats(drafter, ds, list(range(len(ds))), ds.target_head()[drafter.t2d].float(), request.k)
     out.offline_acc = stats.conditional_acceptance
@@ -369,7 +373,7 @@ def measure_classes(request: Request, out: Evaluation) -> None:
 def decoded_part(request: Request) -> str:
     """Said in the run's name where it decodes other than the whole pinned workload, so that a short
     evaluation and a bake-off's whole-workload one of the same version are told apart in the UI."""
-    parts = [] if request.scope == evidence.WORKLOAD else [request.scope.replace(":", " ", 1)]
+    parts = [] if request.scope == ev_record.WORKLOAD else [request.scope.replace(":", " ", 1)]
     if request.limit:
         parts.append(f"at most {request.limit} prompt{'' if request.limit == 1 else 's'} a class")
     return f" ({', '.join(parts)})" if parts else ""
@@ -400,8 +404,8 @@ def publish(request: Request, ev: Evaluation) -> None:
         mlflow.log_metrics(m, model_id=model_id)  # also on the version's model page
         log_figures(request, ev)
         if ev.measured is not None and request.records:
-            evidence.log_record(evidence_record(request, ev))
-        if ev.mv is not None and ev.measured is not None and request.scope == evidence.WORKLOAD:
+            ev_record.log_record(evidence_record(request, ev))
+        if ev.mv is not None and ev.measured is not None and request.scope == ev_record.WORKLOAD:
             tag_version(request, ev, mlflow.active_run().info.run_id)
 
 
@@ -471,7 +475,7 @@ def log_figures(request: Request, ev: Evaluation) -> None:
 
 def tag_version(request: Request, ev: Evaluation, run_id: str) -> None:
     """The version's eval tags on this profile (pointers for the UI; decisions read the records) and its page."""
-    from registry import describe, naming, store
+    from registry.access import describe, naming, store
 
     c, mv, m, profile = store.client(), ev.mv, ev.metrics, request.binding
     figures = {"break_even": m["break_even_accept_len"], "draft_steps": request.k}
@@ -492,7 +496,7 @@ def tag_version(request: Request, ev: Evaluation, run_id: str) -> None:
 
 def report(request: Request, ev: Evaluation) -> None:
     """The figures on the terminal, then the deployment's basis and the depth to serve at."""
-    from registry.deployment import basis_of
+    from registry.ledger.deployment import basis_of
 
     print(summary(ev.name, request.binding.name, ev.metrics))
     if ev.measured is not None:
@@ -551,7 +555,7 @@ def evaluation_section(
     figures=None, scope: str = "workload",
 ) -> str:  # fmt: skip
     """What the version page says about its latest evaluation on a profile: the verdict, then each class."""
-    from registry.describe import run_md
+    from registry.access.describe import run_md
 
     be, L, lo, hi = m["break_even_accept_len"], m["accept_len"], m["accept_len_ci_low"], m["accept_len_ci_high"]
     verdict = "beats break-even" if lo > be else ("above break-even on the mean only" if be < L else "below break-even")
@@ -601,7 +605,7 @@ def prompt_classes(args: argparse.Namespace, profile, limit: int) -> tuple[list[
             print(f"evaluate: warning: --limit {limit} decodes part of class {c.name}: not evidence for {profile.name}")
             records = records[:limit]
         out.append(MeasuredClass(c.name, 1.0 if name else c.share, c.prompts, c.sha256, records))
-    return out, (f"class:{name}" if name else evidence.WORKLOAD)
+    return out, (f"class:{name}" if name else ev_record.WORKLOAD)
 
 
 def warn_contamination(mv, classes: list[MeasuredClass]) -> list[str]:
@@ -609,7 +613,8 @@ def warn_contamination(mv, classes: list[MeasuredClass]) -> list[str]:
     their keys, which the evidence record keeps (signed), so a lineage lost later is not forgotten."""
     if mv is None or not classes:
         return []
-    from registry import lineage, store
+    from registry.access import store
+    from registry.ledger import lineage
     from serving.workload import prompt_key
 
     trained = lineage.training_prompt_keys(store.client(), mv)
@@ -626,8 +631,8 @@ def warn_contamination(mv, classes: list[MeasuredClass]) -> list[str]:
 def evidence_record(request: Request, ev: Evaluation):
     """The whole evaluation as evidence: what was measured, on what, under which conditions."""
     from drafter.analysis.fingerprint import target_digest
-    from registry import store
-    from registry.evidence import ClassCounts, EvidenceRecord
+    from registry.access import store
+    from registry.ledger.evidence.record import ClassCounts, EvidenceRecord
     from serving.workload import prompt_key
 
     measured, mv, profile = ev.measured, ev.mv, request.profile
@@ -670,10 +675,10 @@ def unusable_runs(mv: Any, profile: Any) -> list[str]:
     """The version's runs whose record is unusable now: this evaluation, newer than each, replaces them."""
     if mv is None:
         return []
-    from registry import store
-    from registry.deployment import trust_for
+    from registry.access import store
+    from registry.ledger.deployment import trust_for
 
-    found = evidence.records_for(store.client(), mv.name, str(mv.version), trust_for(profile))
+    found = ev_verify.records_for(store.client(), mv.name, str(mv.version), trust_for(profile))
     return [run for run, _, _ in found.unusable]
 
 

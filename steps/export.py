@@ -63,7 +63,8 @@ def parse(args: argparse.Namespace) -> tuple[Request, Any]:
     """The output folder (a plain, empty one whose name serve.sh can carry), the version and the serving alias it
     holds, its target (and the shape gate's pass against it), and the depth the promotion was decided at."""
     from engines import export
-    from registry import naming, sanction, store
+    from registry.access import naming, store
+    from registry.ledger import sanction
 
     if args.engine not in export.ENGINES:
         raise BadInput(f"--engine must be one of {', '.join(export.ENGINES)}, got {args.engine!r}")
@@ -138,7 +139,7 @@ def publish(args: argparse.Namespace, c: Any, r: Request) -> None:
     """The run (its files and their digests) and the version's `exported.<engine>` tag."""
     import mlflow
 
-    from registry import store
+    from registry.access import store
 
     mv, out = r.mv, r.out
     with step_run("export", run_name=f"export v{mv.version} -> {args.engine}"):
@@ -157,7 +158,9 @@ def publish(args: argparse.Namespace, c: Any, r: Request) -> None:
 
 def decision_of(c, name: str, aliases: list[str]) -> tuple[str, int | None]:
     """The evaluation run the serving alias was decided on, and its draft depth (from the signed record)."""
-    from registry import evidence, sanction
+    from registry.ledger import sanction
+    from registry.ledger.evidence import record as evidence_record
+    from registry.ledger.evidence import verify as evidence_verify
 
     for alias in aliases:
         holder = sanction.holder(c, name, alias)
@@ -167,8 +170,8 @@ def decision_of(c, name: str, aliases: list[str]) -> tuple[str, int | None]:
             continue
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                path = c.download_artifacts(run_id, evidence.EVIDENCE_FILE, tmp)
-                return run_id, evidence.read_record(Path(path).read_text(), run_id).draft_steps
+                path = c.download_artifacts(run_id, evidence_record.EVIDENCE_FILE, tmp)
+                return run_id, evidence_verify.read_record(Path(path).read_text(), run_id).draft_steps
             except Exception:  # noqa: BLE001  (an unreadable record gives no depth; --draft_steps then)
                 return run_id, None
     return "", None

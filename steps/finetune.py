@@ -15,7 +15,7 @@ from common.errors import BadInput
 from common.paths import MINIWORLD
 from drafter.analysis.memory_plan import GIB
 from drafter.train.loop import TrainConfig
-from registry.naming import TAG_REPLIES
+from registry.access.naming import TAG_REPLIES
 from steps._cli import log_params, none_if_empty, parser, run_step, step_run
 from steps._inputs import integer
 from tuning.outcome import counted_trials, verdict
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
 def parse(args: argparse.Namespace) -> tuple[FinetuneRequest, Any]:
     """Every argument checked before any work: names, numbers, the DeepSpeed config, the search space."""
     from drafter.train.loop import load_ds_config, micro_batch
-    from registry import naming
+    from registry.access import naming
     from serving.profile import load_profile
     from tuning import memory
     from tuning.space import load_settings, load_space

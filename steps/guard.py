@@ -22,7 +22,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from common.errors import BadInput
-from registry.naming import tracking_uri
+from registry.access.naming import tracking_uri
 from steps._cli import parser, run_step
 
 SECRET_ENV = "DRAFTEROPS_WEBHOOK_SECRET"
@@ -59,7 +59,8 @@ def _port(value: str) -> int:
 
 def install(port: int, secret: str) -> str:
     """Create (or update) the guard's webhook on the tracking server; returns its id."""
-    from registry import guard, naming, store
+    from registry.access import naming, store
+    from registry.ledger import guard
 
     if not naming.tracking_uri().startswith(("http://", "https://")):
         raise BadInput("webhooks need a tracking server: set MLFLOW_TRACKING_URI=http://host:port")
@@ -75,8 +76,9 @@ def install(port: int, secret: str) -> str:
 
 
 def handler_for(secret: str):
-    from registry import guard, store
-    from registry.reconcile import reconcile_model
+    from registry.access import store
+    from registry.ledger import guard
+    from registry.ledger.reconcile import reconcile_model
 
     class Handler(BaseHTTPRequestHandler):
         timeout = READ_TIMEOUT_S  # applied to the connection's socket: no thread waits forever on a body
@@ -128,8 +130,8 @@ def handler_for(secret: str):
 
 
 def reconcile_once(why: str) -> int:
-    from registry import store
-    from registry.reconcile import reconcile
+    from registry.access import store
+    from registry.ledger.reconcile import reconcile
 
     done = reconcile(store.client(), why)
     for line in done:
@@ -166,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         hook = install(port, secret)
         print(f"guard: webhook {hook} on {tracking_uri()} -> http://127.0.0.1:{port}/")
         return 0
-    from registry.trust import load_trust
+    from registry.ledger.trust import load_trust
 
     load_trust()  # a guard that can verify no sanction would clear every serving alias: refused at start
     try:

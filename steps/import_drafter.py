@@ -14,8 +14,8 @@ from drafter.formats.checkpoint import header_problems, load_config, read_header
 from drafter.formats.layouts import detect, family_of
 from drafter.formats.speculators import verifier_of
 from drafter.model.config import read_json
-from registry import naming
-from registry.resolve import HUB_DRAFTER_FILES, parse_hub_ref
+from registry.access import naming
+from registry.access.resolve import HUB_DRAFTER_FILES, parse_hub_ref
 from steps._cli import log_params, none_if_empty, parser, run_step, step_run
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
@@ -134,7 +134,7 @@ def model_card(folder: Path) -> dict[str, str]:
 
 
 def describe(source_tag: str, hashes: dict[str, str], header: dict, card: dict[str, str], trained_for: str) -> str:
-    from registry.describe import contents, parameter_count, upsert_section
+    from registry.access.describe import contents, parameter_count, upsert_section
 
     head = (
         f"## Imported drafter\n\n- **source**: `{source_tag}`\n- **trained for**: `{trained_for}`\n"
@@ -209,7 +209,8 @@ def register(args: argparse.Namespace, folder: Path, header: dict, converted: di
     same weights registered before are found by digest and not added again."""
     import mlflow
 
-    from registry import audit, store
+    from registry.access import store
+    from registry.ledger import audit
 
     hashes = store.file_hashes(folder)
     sha = store.weights_sha256(hashes)

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 from common.errors import BadInput
-from registry import signing
+from registry.ledger import signing
 from steps._cli import parser, run_step
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -65,7 +65,7 @@ def retire(name: str, at: str) -> int:
     import re
     import tempfile
 
-    from registry.trust import load_trust, trust_path
+    from registry.ledger.trust import load_trust, trust_path
 
     path = trust_path()
     if path is None:

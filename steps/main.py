@@ -163,7 +163,8 @@ class Chain:
 
 
 def run(args: argparse.Namespace) -> int:
-    from registry import naming, reconcile, store
+    from registry.access import naming, store
+    from registry.ledger import reconcile
     from serving.profile import load_profile
 
     check_miniworld()
@@ -372,7 +373,7 @@ def _typed(value: str) -> Any:
 
 def version_from_run(c: Any, name: str, run_id: str) -> str:
     """The version a finetune run registered (its source tag names the run)."""
-    from registry import naming
+    from registry.access import naming
 
     for mv in c.search_model_versions(f"name={naming.quote_filter_value(name)}"):
         if mv.tags.get("source") == f"run:{run_id}":

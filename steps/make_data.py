@@ -139,7 +139,7 @@ def parse(args: argparse.Namespace) -> tuple[list[int], str | None, Any, list[di
     drafter_ref = none_if_empty(args.drafter)
     drafter_cfg = None
     if drafter_ref:
-        from registry.resolve import resolve_drafter
+        from registry.access.resolve import resolve_drafter
 
         drafter_cfg = resolve_drafter(drafter_ref, config_only=True).config
     if none_if_empty(args.layers):

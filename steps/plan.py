@@ -59,7 +59,7 @@ def render(profile: Profile, tps: list[float]) -> str:
     for r in plan_table(profile, tps):
         kcol = f"{r.acc_k_steps:.0%}" if r.acc_k_steps is not None else f"unreachable with {k} steps"
         lines.append(f"| {r.target_tps:g} | {r.required_accept_len:.2f} | {r.acc_unbounded:.0%} | {kcol} |")
-    from registry.deployment import basis_of
+    from registry.ledger.deployment import basis_of
 
     lines += ["", basis_of(profile)]
     if profile.operating_points:

@@ -83,14 +83,14 @@ def measure(args: argparse.Namespace, profile: Any, limit: int, max_len: int) ->
         records = read_prompts(args.prompts, limit or None)
     folder, mv = resolve_model(args.drafter)
     drafter = load_drafter(folder)
-    check_depth(drafter.model.config, k, "the profile's draft steps")  # a window the chain outreaches drafts otherwise
-    layers = list(drafter.model.config.aux_layer_ids)
+    check_depth(drafter.config, k, "the profile's draft steps")  # a window the chain outreaches drafts otherwise
+    layers = list(drafter.config.aux_layer_ids)
     zero_shot, datasets = {}, {}
     with tempfile.TemporaryDirectory(prefix="drafterops-probe-") as tmp:
         for side, path in (("old", args.old_target), ("new", args.new_target)):
             capture_records(path, records, Path(tmp) / side, layers, max_len, args.progress)
             ds = datasets[side] = HiddenStateDataset(Path(tmp) / side)
-            check_fit(drafter.model.config, ds)
+            check_fit(drafter.config, ds)
             attach_target_embedding(drafter, ds)
             rows = ds.target_head()[drafter.t2d].float()
             zero_shot[side] = offline_stats(drafter.eval(), ds, list(range(len(ds))), rows, k)
@@ -155,7 +155,7 @@ def publish(args: argparse.Namespace, profile: Any, limit: int, max_len: int, pr
 
 
 def tag_version(pr: Probe, run_id: str) -> None:
-    from registry import describe, store
+    from registry.access import describe, store
 
     c, mv, sim = store.client(), pr.mv, pr.sim
     tags = {"verdict": pr.line, "run": run_id, "token_agreement": f"{sim.token_agreement:.4f}",

@@ -43,7 +43,8 @@ ROUNDS = 20  # decisions taken again after losing the chain's next link to anoth
 
 def run(args: argparse.Namespace) -> int:
     from common import failpoints
-    from registry import sanction, store, succession
+    from registry.access import store
+    from registry.ledger import sanction, succession
 
     profile, margin = parse(args)
     require_promoter_key()
@@ -80,8 +81,8 @@ def parse(args: argparse.Namespace) -> tuple[Any, float]:
 def require_promoter_key() -> None:
     """A promotion signs a sanction: a key no trust list names as a promoter (an evaluator's, say) is refused
     before anything is read or written."""
-    from registry.signing import load_key
-    from registry.trust import PROMOTER, load_trust
+    from registry.ledger.signing import load_key
+    from registry.ledger.trust import PROMOTER, load_trust
 
     key, trust = load_key(), load_trust()
     if trust.name(PROMOTER, key.id) is None:
@@ -91,14 +92,16 @@ def require_promoter_key() -> None:
 def judge(c: Any, args: argparse.Namespace, profile: Any, margin: float, moved: list[str] = ()) -> Judgement:
     """The candidate's and the incumbent's evidence recomputed from their records, and the rule applied;
     `moved`: why this decision is taken again (another promote wrote the chain's next link first)."""
-    from registry import audit, evidence, policy, reconcile, sanction, store
-    from registry.deployment import check_target, deployment
+    from registry.access import store
+    from registry.ledger import audit, policy, reconcile, sanction
+    from registry.ledger.deployment import check_target, deployment
+    from registry.ledger.evidence import recompute as evidence_recompute
 
     mv = store.get_version(args.model, c)
     reconcile.warn_if_disagreeing(c, mv.name, "promote")
     dep = deployment(profile)
     check_target(dep)
-    candidate = evidence.recompute(c, mv, profile, dep)
+    candidate = evidence_recompute.recompute(c, mv, profile, dep)
     incumbent, note = None, ""
     held = sanction.holder(c, mv.name, args.stage)  # the chain's holder, not the live alias (which anyone moves)
     if held.version is not None:
@@ -131,9 +134,9 @@ def holder_evidence(c: Any, mv: Any, held: Any, profile: Any, dep: Any) -> Any:
     passes for one (re-evaluate the holder)."""
     from dataclasses import replace
 
-    from registry import evidence
+    from registry.ledger.evidence import recompute as evidence_recompute
 
-    ev = evidence.recompute(c, mv, profile, dep, holder=True)
+    ev = evidence_recompute.recompute(c, mv, profile, dep, holder=True)
     if ev.accept_len is not None:
         return ev
     figure = (held.record or {}).get("figure") or {}
@@ -151,7 +154,8 @@ def publish(c: Any, args: argparse.Namespace, profile: Any, margin: float, j: Ju
     """The run, the audit line, the version's tag and page; the alias moves last, after every record."""
     import mlflow
 
-    from registry import audit, describe, naming
+    from registry.access import describe, naming
+    from registry.ledger import audit
 
     mv, decision, depth = j.mv, j.decision, j.depth
     outcome = "promoted" if decision.allowed else "refused"

@@ -46,7 +46,7 @@ class Request:
     engine: str
     tolerance: float
     always: bool
-    evaluator: Any  # the key the new evaluation is signed with (registry.signing.Key)
+    evaluator: Any  # the key the new evaluation is signed with (registry.ledger.signing.Key)
 
 
 @dataclass
@@ -59,7 +59,7 @@ class Outcome:
 
 
 def run(args: argparse.Namespace) -> int:
-    from registry import store
+    from registry.access import store
 
     request = parse(args)
     c = store.client()
@@ -79,7 +79,8 @@ def parse(args: argparse.Namespace) -> Request:
     roles passes one key; a team passes the evaluator's with --evaluator_key."""
     from mlflow.exceptions import MlflowException
 
-    from registry import naming, signing, store
+    from registry.access import naming, store
+    from registry.ledger import signing
     from steps._cli import none_if_empty
     from steps.evaluate import require_evaluator_key
     from steps.promote import require_promoter_key
@@ -102,9 +103,12 @@ def parse(args: argparse.Namespace) -> Request:
 
 def measure(c: Any, r: Request) -> Outcome:
     """The holder, what moved since its evidence, and (when something did) its evidence measured again."""
-    from registry import evidence, policy, sanction, signing, store
-    from registry.deployment import check_target, deployment
-    from registry.recertify import compare, verdict
+    from registry.access import store
+    from registry.ledger import policy, sanction, signing
+    from registry.ledger.deployment import check_target, deployment
+    from registry.ledger.evidence import recompute as evidence_recompute
+    from registry.ledger.evidence import verify as evidence_verify
+    from registry.ledger.recertify import compare, verdict
 
     dep = deployment(r.profile)
     check_target(dep)
@@ -118,12 +122,16 @@ def measure(c: Any, r: Request) -> Outcome:
     if not moved and not r.always:
         return Outcome(held.version, "unchanged", [f"v{held.version}: its evidence still matches today's conditions"])
     lines = [f"v{held.version}: " + ("; ".join(moved) if moved else "measured again (--always)")]
-    before = {rec.run_id for rec in evidence.records_for(c, r.name, held.version, dep.trust).records}
+    before = {rec.run_id for rec in evidence_verify.records_for(c, r.name, held.version, dep.trust).records}
     with signing.signing_with(r.evaluator):
         evaluate_again(r, mv, dep.target)
-    made = [rec for rec in evidence.records_for(c, r.name, held.version, dep.trust).records if rec.run_id not in before]
+    made = [
+        rec
+        for rec in evidence_verify.records_for(c, r.name, held.version, dep.trust).records
+        if rec.run_id not in before
+    ]
     new = max(made, key=lambda rec: rec.created)
-    now = evidence.recompute(c, mv, r.profile, dep, decide_on=new.run_id)  # the record just measured decides
+    now = evidence_recompute.recompute(c, mv, r.profile, dep, decide_on=new.run_id)  # the new record decides
     decision = policy.decide(now, r.stage, dep.target or None)
     said = verdict(compare(recorded, new, r.tolerance) if recorded else None, decision)
     found = [f"finding: {line}" for line in [*held.findings, *now.findings]]
@@ -132,22 +140,23 @@ def measure(c: Any, r: Request) -> Outcome:
 
 def recorded_evidence(c: Any, held: Any, r: Request) -> Any:
     """The record the holder was promoted on (named by its signed sanction), or None when it cannot be read."""
-    from registry import evidence, sanction
-    from registry.deployment import trust_for
+    from registry.ledger import sanction
+    from registry.ledger.deployment import trust_for
+    from registry.ledger.evidence import verify as evidence_verify
 
     record = sanction.read(c, held.run_id) or {}
     wanted = record.get("evidence_run")
-    found = evidence.records_for(c, r.name, held.version, trust_for(r.profile)).records
+    found = evidence_verify.records_for(c, r.name, held.version, trust_for(r.profile)).records
     return next((rec for rec in found if rec.run_id == wanted), None)
 
 
 def conditions_moved(rec: Any, r: Request, dep: Any, files: dict[str, str]) -> list[str]:
     """What differs between the recorded evidence's conditions and today's (empty: nothing moved)."""
-    from registry import evidence
+    from registry.ledger.evidence import verify as evidence_verify
 
     if rec is None:
         return ["the evidence it was promoted on cannot be read"]
-    moved = evidence.mismatches(rec, r.profile, dep.digest, files, precision=dep.precision)
+    moved = evidence_verify.mismatches(rec, r.profile, dep.digest, files, precision=dep.precision)
     now = current_engine_version(r.engine)
     if rec.engine != r.engine:
         moved.append(f"promoted on {rec.engine}, re-certified on {r.engine}")
@@ -180,7 +189,7 @@ def evaluate_again(r: Request, mv: Any, target: str) -> None:
 def publish(c: Any, r: Request, o: Outcome) -> None:
     """The run and the audit line; a demotion clears the alias with a signed sanction, last, after claiming the
     chain's next link with the same compare-and-set as promote's (a demotion never forks the chain)."""
-    from registry import audit, sanction, succession
+    from registry.ledger import audit, sanction, succession
 
     if o.action == "demote":
         try:
@@ -200,7 +209,7 @@ def publish(c: Any, r: Request, o: Outcome) -> None:
 def record(c: Any, r: Request, o: Outcome) -> None:
     import mlflow
 
-    from registry import audit
+    from registry.ledger import audit
 
     mlflow.set_tag("mlflow.runName", f"recertify {r.name} {r.stage}: {o.action}")
     mlflow.set_tags({"recertify.action": o.action, "recertify.version": o.version,

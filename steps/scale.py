@@ -229,7 +229,7 @@ def publish(request: Request, ladder: Ladder, points: list[Any], answer: Answer,
     mlflow.set_tag("mlflow.note.content", answer.text)
     if ladder.version is None:
         return
-    from registry import describe, store
+    from registry.access import describe, store
 
     c, v = store.client(), ladder.version
     answer_tag = answer.tags.get("samples_for_break_even", "")[:250]  # why not

@@ -57,7 +57,7 @@ def engine_table(aux_ids: list[int], num_layers: int | None) -> tuple[str, list[
 def facts_for(ref: str):
     """(DrafterFacts, ModelVersion or None) for any way of naming a drafter."""
     if ref.startswith("models:/"):
-        from registry import store
+        from registry.access import store
 
         mv, folder = store.version_folder(ref)
         facts = drafter_facts(folder)
@@ -99,7 +99,8 @@ def measure(args: argparse.Namespace) -> Gate:
     """Every check of the drafter against the target (headers and configs only), and the engines' aux ids."""
     facts, mv = facts_for(args.model)
     if mv is not None:
-        from registry import reconcile, store
+        from registry.access import store
+        from registry.ledger import reconcile
 
         reconcile.warn_if_disagreeing(store.client(), mv.name, "shape_gate")
     tfacts = target_facts(args.target)
@@ -143,7 +144,8 @@ def publish(args: argparse.Namespace, gate: Gate, context: str = "") -> None:
         mlflow.set_tags({"shape_gate": result, "shape_gate.target": args.target})
         if mv is None:
             return
-        from registry import audit, describe, naming, store
+        from registry.access import describe, naming, store
+        from registry.ledger import audit
 
         c = store.client()
         c.set_model_version_tag(mv.name, mv.version, naming.TAG_GATE, result)

@@ -1,7 +1,7 @@
 """`watch`: production's live acceptance, read from the serving engines' metrics every interval, tested for
 a drop against its own signed baseline (serving/drift.py) and held against break-even at the load the
 engines report; a drop leads to the profile's policy (warn, or warn then demote), each action audited
-and signed by the service's promoter key (registry/watch.py). A long-running service: it stops after
+and signed by the service's promoter key (registry/ledger/watch.py). A long-running service: it stops after
 --max_intervals, or when stopped (Ctrl-C, SIGTERM), or once it has demoted (exit 1). It never promotes.
 
     python -m steps.watch --model k2.5-mini-eagle3 --endpoints http://127.0.0.1:8000 --profile host-vllm
@@ -18,7 +18,7 @@ from typing import Any
 
 from common.errors import BadInput
 from engines import endpoint, exposition
-from registry import watch as policy_
+from registry.ledger import watch as policy_
 from reports.watch import WatchHistory, watch_figure
 from serving import drift
 from serving.profile import load_profile
@@ -76,7 +76,7 @@ class State:
 
 
 def run(args: argparse.Namespace) -> int:
-    from registry import store
+    from registry.access import store
 
     state = setup(store.client(), args)
     interval = number(args.interval, "interval", 0.01, 86400, "seconds between reads")
@@ -110,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
 
 def setup(c: Any, args: argparse.Namespace) -> State:
     """What is watched and by what rule; bad input (exit 2) before anything is read twice."""
-    from registry import naming, sanction
+    from registry.access import naming
+    from registry.ledger import sanction
     from steps.promote import require_promoter_key
 
     naming.check_name(args.model, "--model")
@@ -143,7 +144,7 @@ def setup(c: Any, args: argparse.Namespace) -> State:
     window = drift.BaselineWindow(policy.tolerance, policy.baseline_intervals)
     state = State(args.model, args.alias, held.version, expected, k, policy, profile, watched, window=window,
                   positions=len(watched[0].last.per_pos), profile_arg=args.profile)  # fmt: skip
-    from registry.trust import load_trust
+    from registry.ledger.trust import load_trust
 
     baseline, findings = policy_.recorded_baseline(c, args.model, args.alias, held.version, load_trust())
     for line in findings:
@@ -171,8 +172,8 @@ def expected_digest(c: Any, name: str, version: str, profile: Any) -> str:
     from pathlib import Path
 
     from engines import export
-    from registry import store
-    from registry.deployment import deployment
+    from registry.access import store
+    from registry.ledger.deployment import deployment
 
     folder = store.version_folder(f"models:/{name}/{version}")[1]
     with tempfile.TemporaryDirectory() as tmp:
@@ -332,7 +333,7 @@ def finding(c: Any, state: State, w: Watched, key: str, line: str) -> None:
     if key in w.said:
         return
     w.said.add(key)
-    from registry import audit
+    from registry.ledger import audit
 
     audit.record(c, state.name, state.version, f"watch:{state.alias}:finding", line, alias=state.alias)
     state.history.events.append((len(state.history.accept_len) + 1, "finding"))

@@ -71,7 +71,7 @@ def evidence_key_home(tmp_path_factory):
     os.environ["DRAFTEROPS_HOME"] = str(home)
     for name in ("DRAFTEROPS_EVIDENCE_KEY", "DRAFTEROPS_EVIDENCE_KEY_FILE"):
         os.environ.pop(name, None)
-    from registry.signing import generate, local_key_path, write_private
+    from registry.ledger.signing import generate, local_key_path, write_private
 
     write_private(local_key_path(), generate())  # made before any step: no step's stderr says it made it
     yield home

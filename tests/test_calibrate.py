@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from common.errors import BadInput, InternalError
-from registry.policy import Evidence, decide
+from registry.ledger.policy import Evidence, decide
 from reports import calibration as report
 from reports.operating import operating_metrics, served_vs_predicted
 from serving.cost import break_even_accept_len
@@ -243,7 +243,7 @@ def test_a_calibration_is_signed_and_an_edited_or_noisy_one_counts_for_nothing(t
     served; its numbers edited by hand read as a hand-written profile; a cycle timed no dearer than a plain
     step (break-even <= 1, noise) refuses the profile as evidence instead of passing every drafter."""
     from drafter.analysis.fingerprint import target_digest
-    from registry.deployment import deployment
+    from registry.ledger.deployment import deployment
     from steps.calibrate import write_profile
 
     mini = ROOT / "miniworld" / "k2.5-mini"

@@ -57,7 +57,7 @@ def test_main_pins_the_default_store_to_the_folder_it_runs_in(tmp_path, monkeypa
     store by its absolute path (or refuses a path an SQLite URL would misread); in the project's own folder,
     or with a store the user named, nothing changes."""
     from common.errors import BadInput
-    from registry import naming
+    from registry.access import naming
 
     project = Path(__file__).resolve().parents[1]
     monkeypatch.setenv("MLFLOW_TRACKING_URI", naming.DEFAULT_TRACKING_URI)

@@ -81,8 +81,9 @@ def _compare_run(c, run_id_hint: str = ""):
 def test_compare_ranks_real_drafters_paired_reuses_evidence_and_promotes_through_the_rule(small_main_job, tmp_path):
     from mlflow.artifacts import download_artifacts
 
-    from registry import evidence
-    from registry.deployment import trust_for
+    from registry.ledger.deployment import trust_for
+    from registry.ledger.evidence import record as evidence_record
+    from registry.ledger.evidence import verify as evidence_verify
     from serving.profile import load_profile
 
     src, ran = small_main_job
@@ -124,10 +125,10 @@ def test_compare_ranks_real_drafters_paired_reuses_evidence_and_promotes_through
         version = row["drafter"].removeprefix("v")
         ev = c.get_run(row["evidence"])
         assert ev.data.metrics["accept_len"] == pytest.approx(row["accept_len"], abs=1e-4)
-        assert ev.data.tags["evidence.profile"] == "bake" and ev.data.params[evidence.TAG] == f"{NAME}/{version}"
+        assert ev.data.tags["evidence.profile"] == "bake" and ev.data.params[evidence_record.TAG] == f"{NAME}/{version}"
         if row["drafter"] != f"v{production}":
             assert "vs_incumbent" in row
-    found = evidence.records_for(c, NAME, production, trust_for(bake)).records
+    found = evidence_verify.records_for(c, NAME, production, trust_for(bake)).records
     assert found  # the production holder's record is on the bake profile now
     pairs = json.loads((folder / "pairs.json").read_text())
     pairs = [dict(zip(pairs["columns"], row, strict=True)) for row in pairs["data"]]
@@ -238,7 +239,7 @@ def test_a_drafter_trained_on_the_pinned_prompts_is_flagged_and_never_the_winner
     """v2 with a record far above v1's and a lineage run saying it was trained on the pinned code prompts: it is
     ranked (its figure shown) but flagged in the table and the verdict, and the winner is v1; --promote hands v1,
     not v2, to the promotion rule."""
-    from registry.evidence import pinned_keys
+    from registry.ledger.evidence.verify import pinned_keys
     from serving.profile import load_profile
     from tests.helpers.evidence import forge_record, plant_lineage
 

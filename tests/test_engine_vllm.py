@@ -173,7 +173,7 @@ def test_a_speculators_folder_without_norm_before_residual_is_caught(store, vllm
     from engines import export, harness
     from engines import vllm as engine
     from engines.measurement import Launch
-    from registry import store as registry
+    from registry.access import store as registry
 
     _, env = store
     monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])

@@ -80,8 +80,8 @@ def store(tiny_targets, tmp_path_factory):
 
 def test_chosen_forged_and_impossible_records_are_refused_then_the_honest_one_promotes(store):
     """v2: every attack leaves it refused with its reason; its honest evaluation promotes it."""
-    from registry import signing
-    from registry.signing import Key
+    from registry.ledger import signing
+    from registry.ledger.signing import Key
 
     tmp, target = store
     # chosen prompts: 20 copies of one prompt, measured under the real profile
@@ -117,7 +117,7 @@ def test_stale_and_edited_records_are_refused_until_a_newer_evaluation(store):
     """v1: promoted on its honest record; config.json replaced through the API after that evaluation
     (refused, naming the file and the run); re-evaluated (the new files measured, not a cached copy);
     its record then edited on disk (refused: bad signature); re-evaluated again (promoted)."""
-    from registry.evidence import EVIDENCE_FILE
+    from registry.ledger.evidence.record import EVIDENCE_FILE
 
     tmp, target = store
     c = _client(tmp)
@@ -149,7 +149,7 @@ def test_deleting_failing_or_overwriting_the_unfavourable_record_withdraws_nothi
     """At temperature 0.8 two seeds give two records; the least favourable decides, and still decides
     after its run is deleted, and after it is marked FAILED; overwritten with the favourable one, it
     blocks the version until a newer evaluation."""
-    from registry.evidence import EVIDENCE_FILE
+    from registry.ledger.evidence.record import EVIDENCE_FILE
 
     tmp, target = store
     c = _client(tmp)
@@ -291,7 +291,7 @@ def test_a_planted_or_lost_record_of_the_holder_never_freezes_production(store):
     waved through. v2's honest record then overwritten: the figure its sanction signed stands in for it."""
     import re
 
-    from registry.evidence import EVIDENCE_FILE, TAG
+    from registry.ledger.evidence.record import EVIDENCE_FILE, TAG
 
     tmp, target = store
     c = _client(tmp)
@@ -308,11 +308,11 @@ def test_a_planted_or_lost_record_of_the_holder_never_freezes_production(store):
                          res.stdout)  # fmt: skip
     assert compared, res.stdout[-3000:]
     # the holder's honest record overwritten through the API: the figure its sanction signed holds the line
-    from registry.sanction import holder
+    from registry.ledger.sanction import holder
 
     held = holder(c, NAME, "production")
     other = "1" if held.version == "2" else "2"
-    from registry.runs import runs_with_param
+    from registry.access.runs import runs_with_param
 
     records = [
         r.info.run_id
@@ -364,7 +364,7 @@ def test_recertify_rechecks_production_when_the_target_moves_and_demotes_by_the_
     deployment moves to a target with k2.5-mini's shapes and other weights (the shape gate cannot tell them
     apart): the holder is measured again and compared paired per prompt, kept while the rule holds, and
     demoted (exit 1, the alias cleared by a signed sanction, every step audited) once it no longer does."""
-    from registry.sanction import holder
+    from registry.ledger.sanction import holder
     from serving.profile import load_profile
     from tests.helpers.targets import same_shapes_other_weights
 
@@ -400,7 +400,7 @@ def test_recertify_rechecks_production_when_the_target_moves_and_demotes_by_the_
     assert "its evidence still matches today's conditions" in same.stdout and "recertify: unchanged" in same.stdout
     # a junk lineage run planted on the holder's weights (anyone can log one): a finding, never a demotion
     from drafter.analysis.fingerprint import tensor_digest
-    from registry.lineage import SHA_PARAM, WEIGHTS_PARAM
+    from registry.ledger.lineage import SHA_PARAM, WEIGHTS_PARAM
 
     junk = c.create_run(c.get_experiment_by_name("Default").experiment_id)
     folder = Path(c.get_model_version_download_uri(name, version).removeprefix("file://"))
@@ -412,7 +412,7 @@ def test_recertify_rechecks_production_when_the_target_moves_and_demotes_by_the_
     assert "recertify: warn" in moved.stdout and "production" in c.get_registered_model(name).aliases
     after = float(re.search(r"accept_len [\d.]+ -> ([\d.]+)", moved.stdout)[1])
     # a run planted on the holder claiming an evaluation (an empty evidence.json): a finding, never a reason to keep
-    from registry.evidence import EVIDENCE_FILE, TAG
+    from registry.ledger.evidence.record import EVIDENCE_FILE, TAG
 
     planted = c.create_run(c.get_experiment_by_name("Default").experiment_id)
     c.log_param(planted.info.run_id, TAG, f"{name}/{version}")
@@ -437,7 +437,7 @@ def test_a_lossless_resave_or_a_little_noise_keeps_the_lineage(candidate_store):
     import torch
     from safetensors.torch import load_file, save_file
 
-    from registry.lineage import lineage
+    from registry.ledger.lineage import lineage
 
     tmp, train = candidate_store
     c = _client(tmp)

@@ -10,7 +10,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from registry import guard
+from registry.ledger import guard
 from tests.helpers.drafters import tiny_drafter
 from tests.helpers.guard import SECRET, guarded_server, wait_for
 from tests.helpers.steps import run_module
@@ -191,8 +191,8 @@ def test_reconcile_restores_every_kind_of_move_on_a_store_without_a_guard(promot
     """One row per way a serving alias or stage was moved behind promote's back, each put back by one
     reconciliation (`python -m steps.guard --reconcile` where it says so) and audited; promote's own
     moves are the positive control."""
-    from registry.reconcile import disagreements, reconcile
-    from registry.sanction import holder
+    from registry.ledger.reconcile import disagreements, reconcile
+    from registry.ledger.sanction import holder
     from tests.helpers.steps import run_step
 
     tmp, wrapped = promoted
@@ -222,7 +222,7 @@ def test_reconcile_restores_every_kind_of_move_on_a_store_without_a_guard(promot
         c.set_terminated(run.info.run_id)
     assert holder(c, NAME, "production").version == "2"
     # v1's genuine signed sanction copied into a new run: no newer than it was (no rollback to v1)
-    from registry.sanction import SANCTION_FILE
+    from registry.ledger.sanction import SANCTION_FILE
 
     first = c.search_runs([audit], filter_string="tags.decision = 'alias:production' and tags.version = '1'")[-1]
     old = c.download_artifacts(first.info.run_id, SANCTION_FILE, str(tmp))
@@ -273,8 +273,8 @@ def test_the_chain_holds_against_a_flood_an_edited_tag_an_overwrite_and_deletion
     move by hand is still reverted, and the loss is audited; a deleted holder is audited once."""
     import hashlib
 
-    from registry.reconcile import reconcile
-    from registry.sanction import DIGEST_PARAM, PARAM, SANCTION_FILE, holder
+    from registry.ledger.reconcile import reconcile
+    from registry.ledger.sanction import DIGEST_PARAM, PARAM, SANCTION_FILE, holder
     from tests.helpers.steps import run_step
 
     tmp, _ = promoted
@@ -364,9 +364,9 @@ def test_one_overwritten_old_sanction_never_disables_the_guard(promoted):
     never promoted: the guard reverts it to the newest sanction it can verify and says the link is lost; after a
     new signed promotion the next hand move is reverted to it too. Then the attack round's: the audit experiment
     renamed or deleted, and claims planted for the chain's head, move nothing."""
-    from registry.reconcile import reconcile
-    from registry.sanction import SANCTION_FILE, holder, links
-    from registry.succession import claim_name
+    from registry.ledger.reconcile import reconcile
+    from registry.ledger.sanction import SANCTION_FILE, holder, links
+    from registry.ledger.succession import claim_name
     from tests.helpers.steps import run_module, run_step, step_env
 
     tmp, _ = promoted
@@ -411,8 +411,8 @@ def test_two_promotes_at_once_on_a_shared_server_keep_the_chain_linear(tiny_targ
     against v2 before either writes (a failpoint makes them meet there). Every round exactly one decision is taken
     again, against what the other installed, and the chain of sanctions stays one line: no two sanctions follow
     the same one, one head."""
-    from registry import audit, succession
-    from registry.sanction import holder, links
+    from registry.ledger import audit, succession
+    from registry.ledger.sanction import holder, links
     from tests.helpers.evidence import forge_record
     from tests.helpers.promotion import register_gated, write_profiles
     from tests.helpers.servers import mlflow_server
@@ -458,6 +458,6 @@ def test_two_promotes_at_once_on_a_shared_server_keep_the_chain_linear(tiny_targ
 
 
 def signing_digest(record: dict) -> str:
-    from registry import signing
+    from registry.ledger import signing
 
     return signing.digest(record)

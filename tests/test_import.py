@@ -9,7 +9,7 @@ import torch
 
 from common.errors import BadInput
 from drafter.formats.checkpoint import load_drafter, save_drafter
-from registry import naming, store
+from registry.access import naming, store
 from steps import import_drafter
 from tests.helpers.drafters import tiny_drafter
 from tests.helpers.servers import mlflow_server

@@ -54,7 +54,7 @@ def test_public_drafter_is_released_like_aq_medai():
     assert "license: mit" in card and "Training samples:" in card
     target = load_target(MW / "k2-mini")
     drafter = load_drafter(folder, embedding=target.embedding_weight.detach().float())
-    assert drafter.model.config.aux_layer_ids == RECORD["aux_layer_ids"]
+    assert drafter.config.aux_layer_ids == RECORD["aux_layer_ids"]
     fig = RECORD["figures"]["aq-mini-eagle3"]
     assert fig["sim_accept_len_k2_mini"] > 2.3 and fig["sim_accept_len_k2_mini"] - fig["sim_accept_len_k2.5_mini"] > 0.3
 

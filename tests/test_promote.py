@@ -3,7 +3,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from registry.policy import Evidence, decide
+from registry.ledger.policy import Evidence, decide
 from tests.helpers.promotion import evaluate, register_gated, write_profiles
 from tests.helpers.steps import run_step
 
@@ -203,7 +203,8 @@ def test_production_alias_on_a_deleted_version_is_handled(evaluated):
 def test_evidence_matching_is_by_values_not_names(tmp_path):
     from dataclasses import replace
 
-    from registry.evidence import ClassCounts, EvidenceRecord, mismatches, pinned_keys
+    from registry.ledger.evidence.record import ClassCounts, EvidenceRecord
+    from registry.ledger.evidence.verify import mismatches, pinned_keys
     from serving.profile import load_profile
 
     write_profiles(tmp_path, tmp_path)

@@ -10,11 +10,11 @@ import sys
 import pytest
 
 from common.errors import BadInput
-from registry import signing, trust
+from registry.ledger import signing, trust
 
 
 def test_processes_starting_together_share_one_whole_key(tmp_path):
-    read = "from registry import signing; print(signing.load_key().id)"
+    read = "from registry.ledger import signing; print(signing.load_key().id)"
     env = {**os.environ, "DRAFTEROPS_HOME": str(tmp_path)}
     env.pop(signing.KEY_ENV, None)
     procs = [subprocess.Popen([sys.executable, "-c", read], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import mlflow
 
-from registry import signing
+from registry.ledger import signing
 from tests.helpers.promotion import register_gated, write_profiles
 from tests.helpers.steps import run_module, step_env
 
@@ -14,8 +14,8 @@ NAME = "k25-tiny-eagle3"
 
 
 def test_an_evaluator_signs_a_promoter_promotes_and_a_third_key_does_neither(tiny_targets, tmp_path):
-    from registry.sanction import holder
-    from registry.trust import load_trust
+    from registry.ledger.sanction import holder
+    from registry.ledger.trust import load_trust
     from tests.helpers.stores import project_runs
 
     _, wrapped = tiny_targets
@@ -71,8 +71,8 @@ def test_rotation_end_to_end_never_clears_production_and_junk_is_refused_through
     and Bob re-certifies the holder with ci's key for the evaluation it runs."""
     import os
 
-    from registry.evidence import records_for
-    from registry.trust import load_trust
+    from registry.ledger.evidence.verify import records_for
+    from registry.ledger.trust import load_trust
     from tests.helpers.checks import one_line_exit_2
     from tests.helpers.evidence import forge_record
 

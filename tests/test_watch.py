@@ -95,8 +95,8 @@ def test_a_baseline_is_learnt_signed_and_quiet_through_a_restart_and_a_gap(promo
     c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
     record = json.loads(Path(c.download_artifacts(lines["watch:production:baseline"].info.run_id,
                                                   "watch_baseline.json", str(tmp))).read_text())  # fmt: skip
-    from registry.signing import verify
-    from registry.trust import load_trust
+    from registry.ledger.signing import verify
+    from registry.ledger.trust import load_trust
 
     assert verify(record, "promoter", load_trust()) is None
     assert record["baseline"]["acceptance"] == pytest.approx([0.8, 0.6], abs=0.01)
@@ -120,7 +120,7 @@ def test_a_drop_is_warned_about_then_demoted_by_the_profiles_policy(promoted, tm
     assert decisions.index("watch:production:warn") < decisions.index("watch:production:demote")
     c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
     assert "production" not in c.get_registered_model(NAME).aliases
-    from registry.sanction import holder
+    from registry.ledger.sanction import holder
 
     assert holder(c, NAME, "production").version is None  # a signed clearing: the guard keeps it so
     # serve.sh (export's) asks the registry at start: speculation on while v1 held production, off now

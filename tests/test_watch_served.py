@@ -54,7 +54,7 @@ def test_the_watch_detects_the_drop_a_restart_on_other_weights_brings_and_demote
 
     from engines.export import served_target
     from engines.server import ManagedServer, free_port
-    from registry import audit, sanction
+    from registry.ledger import audit, sanction
     from tests.helpers.targets import same_shapes_other_weights
 
     src, _cmd, env, first = main_job

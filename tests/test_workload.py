@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from common.errors import BadInput
-from registry.policy import Evidence, decide
+from registry.ledger.policy import Evidence, decide
 from serving.cost import expected_accept_len
 from serving.profile import load_profile
 from serving.workload import (

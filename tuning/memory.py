@@ -20,7 +20,7 @@ def init_config(init: str, arch: str) -> DrafterConfig:
     if init == "scratch":
         return DrafterConfig.from_file(Path(arch) / "config.json" if Path(arch).is_dir() else arch)
     if init.startswith("models:/"):
-        from registry import store
+        from registry.access import store
 
         c = store.client()
         mv = store.get_version(init, c)
@@ -34,7 +34,7 @@ def init_config(init: str, arch: str) -> DrafterConfig:
         with tempfile.TemporaryDirectory() as tmp:
             uri = c.get_model_version_download_uri(mv.name, mv.version).rstrip("/") + "/config.json"
             return DrafterConfig.from_file(Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp)))
-    from registry.resolve import resolve_drafter
+    from registry.access.resolve import resolve_drafter
 
     return DrafterConfig.from_file(resolve_drafter(init, config_only=True).folder / "config.json")
 

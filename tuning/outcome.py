@@ -53,7 +53,7 @@ def mark_best(best: Any) -> None:
 
     from mlflow.exceptions import MlflowException
 
-    from registry.store import client
+    from registry.access.store import client
 
     run_id = best.user_attrs.get("mlflow_run_id")
     if not run_id:

@@ -22,7 +22,7 @@ def prepare_init(init: str, dataset: Any, arch: str):
         return None, cfg, None
     mv = None
     if init.startswith("models:/"):
-        from registry import naming, store
+        from registry.access import naming, store
 
         mv = store.get_version(init)
         gate, gate_target = mv.tags.get(naming.TAG_GATE), mv.tags.get(naming.TAG_GATE_TARGET)
@@ -36,7 +36,7 @@ def prepare_init(init: str, dataset: Any, arch: str):
             raise BadInput(f"{init}: shape gate passed for {gate_target!r}, but the dataset is from {data_target!r}")
         folder = store.download_version(f"models:/{mv.name}/{mv.version}").folder
     else:
-        from registry.resolve import resolve_drafter
+        from registry.access.resolve import resolve_drafter
 
         folder = resolve_drafter(init).folder
     model = load_drafter(folder)
@@ -53,16 +53,16 @@ def init_digest(init: str, parent: Any) -> str:
     if init == "scratch":
         return ""
     if parent is not None:
-        from registry import store
+        from registry.access import store
 
         return tensor_digest(store.download_version(f"models:/{parent.name}/{parent.version}").folder)
-    from registry.resolve import resolve_drafter
+    from registry.access.resolve import resolve_drafter
 
     return tensor_digest(resolve_drafter(init).folder)
 
 
 def default_name(dataset: Any) -> str:
-    from registry.naming import model_name_for
+    from registry.access.naming import model_name_for
 
     return model_name_for(str(dataset.index.get("target", "target")))
 
@@ -77,7 +77,8 @@ def register_best(
     run_id: str,
     init_digest: str = "",
 ) -> str:
-    from registry import audit, store
+    from registry.access import store
+    from registry.ledger import audit
 
     hashes = store.file_hashes(folder)
     c = store.client()
@@ -116,7 +117,8 @@ def _register(
     target: str,
     init_digest: str = "",
 ) -> str:
-    from registry import audit, naming, store
+    from registry.access import naming, store
+    from registry.ledger import audit
 
     tags = {
         naming.TAG_SOURCE: f"run:{run_id}",
@@ -130,7 +132,7 @@ def _register(
     if parent is not None:
         tags[naming.TAG_PARENT] = f"models:/{parent.name}/{parent.version}"
     from drafter.formats.checkpoint import read_header
-    from registry.describe import contents, run_md, upsert_section
+    from registry.access.describe import contents, run_md, upsert_section
 
     settings = trial.user_attrs.get("settings") or trial.params
     what = f"## Fine-tuned from `{tags[naming.TAG_PARENT]}`" if parent is not None else "## Trained from scratch"
@@ -145,7 +147,7 @@ def _register(
     desc = upsert_section(desc, "contents", contents(hashes, read_header(folder)))
     from drafter.analysis.fingerprint import tensor_digest
     from drafter.analysis.sketch import weights_sketch
-    from registry.lineage import log_training_prompts
+    from registry.ledger.lineage import log_training_prompts
 
     log_training_prompts(dataset, tensor_digest(folder), init_digest, weights_sketch(folder))
     mv = store.register_drafter(folder, name, tags, desc)

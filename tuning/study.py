@@ -26,7 +26,7 @@ OBJECTIVE = "val_sim_accept_len"
 
 def default_storage() -> str:
     """An SQLite file next to the MLflow database (embedded default)."""
-    from registry.naming import tracking_uri
+    from registry.access.naming import tracking_uri
 
     uri = tracking_uri()
     if uri.startswith("sqlite:///"):

@@ -147,7 +147,7 @@ def evaluate_online(
     """Speculative decoding on each prompt, timed against the target decoding alone."""
     if target.tokenizer is None:
         raise BadInput(f"{target.folder}: target has no tokenizer; online evaluation needs one")
-    target.set_aux_layers(list(drafter.model.config.aux_layer_ids))
+    target.set_aux_layers(list(drafter.config.aux_layer_ids))
     ctx = int(getattr(target.model.config, "max_position_embeddings", 4096))
     prompts, truncated = encode_prompts(target.tokenizer, records, ctx, max_new_tokens, k)
     eos = stop_token(target.tokenizer)

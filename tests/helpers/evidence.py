@@ -18,8 +18,10 @@ def forge_record(c, name: str, version: str, profile_path: Path, per_prompt: Per
     signed with `key` (None: this process's signing key) unless `sign` is False; its run id."""
     from drafter.analysis.fingerprint import target_digest
     from drafter.model.target import target_precision
-    from registry import signing, store
-    from registry.evidence import DIGEST_PARAM, EVIDENCE_FILE, TAG, ClassCounts, EvidenceRecord, pinned_keys
+    from registry.access import store
+    from registry.ledger import signing
+    from registry.ledger.evidence.record import DIGEST_PARAM, EVIDENCE_FILE, TAG, ClassCounts, EvidenceRecord
+    from registry.ledger.evidence.verify import pinned_keys
     from serving.profile import load_profile
 
     profile = load_profile(str(profile_path))
@@ -48,7 +50,7 @@ def plant_lineage(c, folder: Path, prompt_keys: list[str]) -> str:
     """A run as `finetune` logs one for the weights in `folder`: trained on `prompt_keys` (lineage records are not
     signed: anyone can claim a drafter was trained on something, which only ever holds it back)."""
     from drafter.analysis.fingerprint import tensor_digest
-    from registry.lineage import LINEAGE_FILE, SHA_PARAM, WEIGHTS_PARAM
+    from registry.ledger.lineage import LINEAGE_FILE, SHA_PARAM, WEIGHTS_PARAM
 
     text = json.dumps({"dataset_digest": "planted", "prompt_keys": prompt_keys, "weights_digest": tensor_digest(folder),
                        "init_digest": ""})  # fmt: skip

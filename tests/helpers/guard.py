@@ -58,7 +58,7 @@ def guarded_server(folder: Path) -> Iterator[Guarded]:
             )  # fmt: skip
             assert installed.returncode == 0, installed.stderr
             guarded = Guarded(folder, url, port, env, None)  # type: ignore[arg-type]
-            from registry import signing
+            from registry.ledger import signing
 
             signing.load_key()  # the guard runs where the promoter's key (or the team's trust file) is
             guarded.start_service()

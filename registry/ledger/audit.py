@@ -13,7 +13,7 @@ import time
 import warnings
 from typing import Any
 
-from registry import naming
+from registry.access import naming
 
 
 def _audit_experiment(c: Any) -> str:
@@ -87,17 +87,19 @@ def move_alias(
 ) -> str | None:  # fmt: skip
     """Point `alias` at `version` (None: clear it), mirror the legacy stage, mark the replaced version;
     returns it. Serving aliases move only when the promotion rule said yes (`by_promote`), and then with a
-    signed sanction (registry.sanction) written before the alias moves, chained after the head the decision
-    read and claimed (registry.succession: `claim`, whose head the sanction names as previous)."""
+    signed sanction (registry.ledger.sanction) written before the alias moves, chained after the head the decision
+    read and claimed (registry.ledger.succession: `claim`, whose head the sanction names as previous)."""
     if alias in naming.PROTECTED_ALIASES and not by_promote:
         naming.check_alias(alias)  # raises: no step but `promote` may move a serving alias
     previous = current_alias_version(c, name, alias)
     files, params = {}, {}
     if alias in naming.PROTECTED_ALIASES:
-        from registry import sanction, succession
+        from registry.ledger import sanction, succession
 
         if claim is None or (claim.model, claim.alias) != (name, alias):
-            raise ValueError(f"moving {name}@{alias} needs the claim on its chain's next link (registry.succession)")
+            raise ValueError(
+                f"moving {name}@{alias} needs the claim on its chain's next link (registry.ledger.succession)"
+            )
         if not succession.still_mine(c, claim):  # taken over after this process stalled: write nothing
             raise succession.Lost(f"the claim on {name}@{alias} was taken over while this decision stalled")
         mv = None if version is None else c.get_model_version(name, str(version))
@@ -123,7 +125,7 @@ def move_alias(
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         by = f"by version {version}" if version is not None else "(cleared)"
         c.set_model_version_tag(name, previous, f"replaced.{alias}", f"{when} {by}")
-    from registry.describe import refresh_model_page
+    from registry.access.describe import refresh_model_page
 
     refresh_model_page(c, name)
     return previous
@@ -132,7 +134,7 @@ def move_alias(
 def record_once(c: Any, once: str, name: str, version: str, decision: str, reasons: str, **extra: str) -> bool:
     """An audit line written once for `once` (a param on the run, which nobody can change): a guard that
     reconciles every minute says a loss once, not every minute. False when it was already said."""
-    from registry.runs import runs_with_param
+    from registry.access.runs import runs_with_param
 
     if runs_with_param(c, [_audit_experiment(c)], ONCE_PARAM, once):
         return False

@@ -15,8 +15,8 @@ from typing import Any
 
 from common.errors import BadInput
 from drafter.formats.checkpoint import INDEX_FILE, weight_files
-from registry import naming
-from registry.reference import DrafterRef
+from registry.access import naming
+from registry.access.reference import DrafterRef
 
 URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[A-Za-z0-9_-]+))$")
 
@@ -227,7 +227,7 @@ def register_drafter(folder: Path, name: str, tags: dict[str, str], description:
     import mlflow
     from mlflow.models import Model
 
-    from registry import flavor
+    from registry.access import flavor
 
     c = client()
     run = mlflow.active_run()
@@ -245,7 +245,7 @@ def register_drafter(folder: Path, name: str, tags: dict[str, str], description:
             break
         time.sleep(0.1)
     c.set_model_version_tag(name, mv.version, naming.TAG_COMPLETE, "true")
-    from registry.describe import refresh_model_page
+    from registry.access.describe import refresh_model_page
 
     refresh_model_page(c, name)  # the model page lists every version, this one too
     return c.get_model_version(name, mv.version)

@@ -10,20 +10,20 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from registry import naming
+from registry.access import naming
 
 
 def content_identity(folder: Path) -> str:
     """sha256 over the weights' canonical digest and the canonical config.json digest."""
     from drafter.analysis.fingerprint import tensor_digest
-    from registry.store import drafter_files
+    from registry.access.store import drafter_files
 
     config = drafter_files(folder)["config.json"]
     return hashlib.sha256(f"{tensor_digest(folder)}\n{config}".encode()).hexdigest()
 
 
 def version_identity(c: Any, mv: Any) -> str:
-    from registry import store
+    from registry.access import store
 
     folder = store.local_folder(c, mv) or store.download_version(f"models:/{mv.name}/{mv.version}").folder
     return content_identity(folder)

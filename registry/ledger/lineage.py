@@ -66,7 +66,7 @@ def lineage(c: Any, mv: Any, depth: int = 256, folder: Path | None = None) -> Li
     from mlflow.exceptions import MlflowException
 
     from common.errors import BadInput
-    from registry import store
+    from registry.access import store
 
     out = Lineage()
     seen: set[tuple[str, str]] = set()
@@ -100,7 +100,7 @@ def _by_content(c: Any, folder: Path, depth: int, out: Lineage) -> None:
     from common.errors import BadInput
     from drafter.analysis.fingerprint import legacy_tensor_digest, tensor_digest
     from drafter.analysis.sketch import weights_sketch
-    from registry.runs import all_experiment_ids, runs_with_param
+    from registry.access.runs import all_experiment_ids, runs_with_param
 
     try:
         frontier = [tensor_digest(folder), legacy_tensor_digest(folder)]
@@ -134,7 +134,7 @@ def _by_content(c: Any, folder: Path, depth: int, out: Lineage) -> None:
 def _near_copies(c: Any, experiments: list[str], sketch: Any, out: Lineage) -> list[tuple[Any, dict]]:
     """The lineage runs whose weights have these tensors' names and shapes and lie within NEAR of them."""
     from drafter.analysis.sketch import NEAR, Sketch, relative_distance
-    from registry.runs import runs_with_param
+    from registry.access.runs import runs_with_param
 
     near = []
     for run in runs_with_param(c, experiments, SHAPES_PARAM, sketch.shapes):
@@ -152,7 +152,7 @@ def _near_copies(c: Any, experiments: list[str], sketch: Any, out: Lineage) -> l
 
 def _lineage_record(c: Any, run: Any) -> dict | None:
     """The run's lineage record when its bytes are those it logged (None: missing or overwritten)."""
-    from registry.runs import artifact_bytes
+    from registry.access.runs import artifact_bytes
 
     raw = artifact_bytes(c, run, LINEAGE_FILE)
     if raw is None or hashlib.sha256(raw).hexdigest() != run.data.params.get(SHA_PARAM):
@@ -174,7 +174,7 @@ def _source_run(mv: Any) -> str | None:
 
 
 def _keys_of_run(c: Any, run_id: str) -> set[str]:
-    from registry.runs import artifact_bytes
+    from registry.access.runs import artifact_bytes
 
     record = _as_record(artifact_bytes(c, run_id, LINEAGE_FILE)) or {}
     keys = record.get("prompt_keys", [])

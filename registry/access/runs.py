@@ -13,7 +13,7 @@ def runs_with_param(c: Any, experiments: list[str], key: str, value: str) -> lis
     first, page by page: a param is set once and never changed, so nobody can hide a run from this."""
     from mlflow.entities import ViewType
 
-    from registry.naming import quote_filter_value
+    from registry.access.naming import quote_filter_value
 
     runs, token = [], None
     while True:
@@ -33,7 +33,7 @@ def runs_with_param(c: Any, experiments: list[str], key: str, value: str) -> lis
 
 def all_experiment_ids(c: Any) -> list[str]:
     """Every experiment of the store, active or deleted, page by page (a store holds more than one page of them:
-    each promotion leaves a deleted claim, registry.succession)."""
+    each promotion leaves a deleted claim, registry.ledger.succession)."""
     from mlflow.entities import ViewType
 
     ids, token = [], None

@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 
 from common.errors import BadInput
-from registry import signing
+from registry.ledger import signing
 
 TRUST_ENV = "DRAFTEROPS_TRUST_FILE"
 EVALUATOR, PROMOTER = "evaluator", "promoter"

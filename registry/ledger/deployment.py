@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import BadInput
-from registry import signing
-from registry.trust import EVALUATOR, Trust, load_trust, parse_keys
+from registry.ledger import signing
+from registry.ledger.trust import EVALUATOR, Trust, load_trust, parse_keys
 from serving.cost import break_even_accept_len
 from serving.profile import Profile
 

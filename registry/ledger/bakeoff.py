@@ -3,10 +3,10 @@ counts lined up prompt by prompt with every other candidate's, and when `compare
 winner to `promote` at all.
 
 A record is reused when it is signed by a trusted evaluator, its bytes are the ones its run logged, and
-`evidence.mismatches` finds nothing: the profile's pinned prompts, values, draft steps, decoding settings,
+`evidence_verify.mismatches` finds nothing: the profile's pinned prompts, values, draft steps, decoding settings,
 deployment target and precision, on the version's files as they are now. Only records of the bake-off's
 engine count, so every candidate is measured the same way; of several, the newest (greedy decoding: a
-re-run cannot be luckier, as `evidence.deciding` reads it).
+re-run cannot be luckier, as `evidence_verify.deciding` reads it).
 """
 
 from __future__ import annotations
@@ -14,31 +14,34 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from registry import evidence
+from registry.ledger.evidence import record as evidence_record
+from registry.ledger.evidence import verify as evidence_verify
 from serving.paired import Counts, Difference
 
 
-def reusable_record(c: Any, mv: Any, profile: Any, dep: Any, engine: str) -> evidence.EvidenceRecord | None:
+def reusable_record(c: Any, mv: Any, profile: Any, dep: Any, engine: str) -> evidence_record.EvidenceRecord | None:
     """The newest record of the version that stands for the profile on this engine, or None."""
-    from registry import store
+    from registry.access import store
 
     _, folder = store.version_folder(f"models:/{mv.name}/{mv.version}")
     files = store.drafter_files(folder)
-    pinned = evidence.pinned_keys(profile)
-    found = evidence.records_for(c, mv.name, str(mv.version), dep.trust)
+    pinned = evidence_verify.pinned_keys(profile)
+    found = evidence_verify.records_for(c, mv.name, str(mv.version), dep.trust)
     ok = [
         rec
         for rec in found.records
         if rec.engine == engine
-        and not evidence.mismatches(rec, profile, dep.digest, files, pinned, (mv.name, str(mv.version)), dep.precision)
+        and not evidence_verify.mismatches(
+            rec, profile, dep.digest, files, pinned, (mv.name, str(mv.version)), dep.precision
+        )
     ]
     return max(ok, key=lambda rec: rec.created) if ok else None
 
 
-def classes_of(rec: evidence.EvidenceRecord, profile: Any) -> list[tuple[str, float, Counts]]:
+def classes_of(rec: evidence_record.EvidenceRecord, profile: Any) -> list[tuple[str, float, Counts]]:
     """The record's (class, share, counts) in the profile's class order and each class's pinned prompt order,
     looked up by prompt identity: two candidates' lists line up prompt by prompt."""
-    pinned = evidence.pinned_keys(profile)
+    pinned = evidence_verify.pinned_keys(profile)
     by_class = {c.name: dict(zip(c.prompt_keys, c.per_prompt, strict=True)) for c in rec.classes}
     return [(c.name, c.share, [by_class[c.name][key] for key in pinned[c.name]]) for c in profile.workload]
 

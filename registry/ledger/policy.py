@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from registry import naming
+from registry.access import naming
 from serving.workload import ClassFigure
 
 

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from registry import signing
+from registry.ledger import signing
 
 PREFIX = "drafterops-claim"
 SIGNED_TAG = "drafterops.claim"  # the claim signed by the promoter making it
@@ -62,7 +62,7 @@ def next_link(c: Any, name: str, alias: str, head: str, head_now: Callable[[], s
     """Hold the claim on the link after `head` while the body writes it; Lost when the chain moved on (or is
     being moved on) from `head`. `head_now` re-reads the chain's head. On a local SQLite store the caller holds
     the registry's file lock, so a claim found there was left by a process that died: not waited for."""
-    from registry.store import locked_locally
+    from registry.access.store import locked_locally
 
     claim = take(c, name, alias, head, head_now, patient=not locked_locally())
     try:
@@ -106,7 +106,7 @@ def _wait_while_held(c: Any, experiment: str, patient: bool = True) -> bool:
 
 
 def _signed(experiment: Any, name: str) -> bool:
-    from registry.trust import PROMOTER, load_trust
+    from registry.ledger.trust import PROMOTER, load_trust
 
     try:
         record = json.loads(experiment.tags.get(SIGNED_TAG, ""))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.errors import BadInput
-from registry.reference import DrafterRef
+from registry.access.reference import DrafterRef
 
 HUB_CONFIG_ONLY = ["config.json", "README.md", "LICENSE*"]
 HUB_DRAFTER_FILES = [*HUB_CONFIG_ONLY, "*.safetensors", "model.safetensors.index.json"]
@@ -21,7 +21,7 @@ def parse_hub_ref(ref: str) -> tuple[str, str | None]:
 def resolve_drafter(ref: str, config_only: bool = False, revision: str | None = None) -> DrafterRef:
     """models:/name/N and models:/name@alias through the registry; a folder as is; else a hub id."""
     if ref.startswith("models:/"):
-        from registry.store import download_version
+        from registry.access.store import download_version
 
         return download_version(ref)
     path = Path(ref)

@@ -76,7 +76,7 @@ def parameter_count(header: dict[str, Any]) -> int:
 def refresh_model_page(c: Any, name: str, last_decision: str | None = None) -> None:
     """The registered model's page answers "which drafter is where, and why": one row per alias, then
     every version with what it is, its aliases and its latest evaluations, and the last promotion decision."""
-    from registry import naming
+    from registry.access import naming
 
     rm = c.get_registered_model(name)
     aliases = dict(getattr(rm, "aliases", {}) or {})

@@ -1,7 +1,7 @@
 """One reconciliation of the registry with its sanctioned decisions, whatever happened while nobody watched.
 
 For every registered model and every serving alias, the alias must point where the newest valid
-sanction (registry.sanction) put it; the legacy stage mirrors it (Production/Staging on that version
+sanction (registry.ledger.sanction) put it; the legacy stage mirrors it (Production/Staging on that version
 alone). An alias moved by hand, a stage set by hand, a version deleted under an alias, a model renamed or
 re-created under the old name: each is put back (or cleared when no sanctioned version exists) and each
 action is audited. The guard runs this on start, on every webhook delivery and on a timer;
@@ -15,7 +15,8 @@ import contextlib
 import warnings
 from typing import Any
 
-from registry import audit, naming, sanction
+from registry.access import naming
+from registry.ledger import audit, sanction
 
 
 def disagreements(c: Any, name: str) -> list[str]:
@@ -123,7 +124,7 @@ def _audit(c: Any, name: str, alias: str, current: str | None, held: sanction.Ho
 
 def reconcile(c: Any, why: str = "reconcile") -> list[str]:
     """Every registered model, every serving alias, every legacy stage."""
-    from registry.trust import load_trust
+    from registry.ledger.trust import load_trust
 
     load_trust()  # bad input, before anything moves, where nothing can be verified
     actions = []

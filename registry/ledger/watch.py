@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import BadInput
-from registry import signing
+from registry.ledger import signing
 from serving.drift import Baseline
 
 BASELINE_PARAM = "drafterops.watch_baseline"  # "<model>@<alias>@<version>": what finds a baseline
@@ -78,7 +78,7 @@ def signed_baseline(name: str, alias: str, version: str, baseline: Baseline, end
 
 def record_baseline(c: Any, name: str, alias: str, version: str, record: dict[str, Any]) -> str:
     """The signed baseline as an audit line of its own; returns its run id."""
-    from registry import audit
+    from registry.ledger import audit
 
     b = record["baseline"]
     summary = (f"live baseline of v{version} @{alias}: accept_len {b['accept_len']:.3f} over {b['intervals']} "
@@ -91,8 +91,8 @@ def record_baseline(c: Any, name: str, alias: str, version: str, record: dict[st
 def recorded_baseline(c: Any, name: str, alias: str, version: str, trust: Any) -> tuple[Baseline | None, list[str]]:
     """The newest baseline for this holder whose signature holds under a trusted promoter key, and what was
     wrong with the others (planted, edited, another holder's)."""
-    from registry.audit import _audit_experiment
-    from registry.runs import artifact_bytes, runs_with_param
+    from registry.access.runs import artifact_bytes, runs_with_param
+    from registry.ledger.audit import _audit_experiment
 
     found, findings = None, []
     for run in runs_with_param(c, [_audit_experiment(c)], BASELINE_PARAM, baseline_key(name, alias, version)):
@@ -139,7 +139,7 @@ def signed_action(name: str, alias: str, version: str, action: str, reason: str,
 
 def record_action(c: Any, name: str, alias: str, version: str, record: dict[str, Any]) -> str:
     """The action's audit line, its signed record beside it."""
-    from registry import audit
+    from registry.ledger import audit
 
     return audit.record(c, name, version, f"watch:{alias}:{record['action']}", record["reason"],
                         summary=record["reason"], files={ACTION_FILE: json.dumps(record, indent=1)},
@@ -147,10 +147,10 @@ def record_action(c: Any, name: str, alias: str, version: str, record: dict[str,
 
 
 def demote(c: Any, name: str, alias: str, version: str, reason: str, evidence_run: str, terms: str) -> bool:
-    """Clear the alias with a signed sanction (registry.audit.move_alias) if the version still holds it, after
-    claiming the chain's next link as promote and recertify do (registry.succession: a demotion never forks
+    """Clear the alias with a signed sanction (registry.ledger.audit.move_alias) if the version still holds it, after
+    claiming the chain's next link as promote and recertify do (registry.ledger.succession: a demotion never forks
     the chain). False when another decision moved the alias meanwhile: the watch acts only on what it watched."""
-    from registry import audit, sanction, succession
+    from registry.ledger import audit, sanction, succession
 
     held = sanction.holder(c, name, alias)
     if held.version != str(version):

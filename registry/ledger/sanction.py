@@ -4,7 +4,7 @@ When `promote` (or `recertify`) moves a serving alias it writes a sanction: the 
 identity (its name and the creation time the server stamped, which no API call changes), the alias, the
 version (None: the alias was cleared on purpose) and that version's creation time and files, the
 evaluation run, the decision, and the digest of the sanction it follows (`previous`), so the sanctions of
-one model and alias form a chain. It is signed with the promoter's Ed25519 key (registry.signing, a key
+one model and alias form a chain. It is signed with the promoter's Ed25519 key (registry.ledger.signing, a key
 the trust file lists under trusted_promoters) and kept as `sanction.json` in the decision's audit run,
 found by a param (`drafterops.sanction`, which nobody can change) and checked against the sha256 logged
 beside it. The holder of an alias is read from the chain's head: never from tags, never from a search
@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from registry import signing
+from registry.ledger import signing
 
 SANCTION_FILE = "sanction.json"
 PARAM = "drafterops.sanction"  # "<model>@<alias>" on the audit run: what finds it (a param nobody can change)
@@ -28,7 +28,7 @@ DIGEST_PARAM = "drafterops.sanction_sha256"  # the file's sha256 as written: an 
 
 def version_files(c: Any, mv: Any) -> dict[str, str]:
     """sha256 of every file an engine loads from the version, as the registry holds them now."""
-    from registry import store
+    from registry.access import store
 
     folder = store.local_folder(c, mv) or store.download_version(f"models:/{mv.name}/{mv.version}").folder
     return store.drafter_files(folder)
@@ -155,8 +155,8 @@ def _files_or_none(c: Any, mv: Any) -> dict[str, str] | None:
 
 def _chain_links(c: Any, rm: Any, alias: str, trust: Any) -> tuple[dict, list[str], list[str]]:
     """Every valid sanction of this model and alias by digest (run id, record); what else claimed to be one."""
-    from registry.runs import all_experiment_ids, runs_with_param
-    from registry.trust import load_trust
+    from registry.access.runs import all_experiment_ids, runs_with_param
+    from registry.ledger.trust import load_trust
 
     # every experiment, deleted ones too: the audit experiment renamed or deleted by hand hides no sanction
     experiments = all_experiment_ids(c)
@@ -188,7 +188,7 @@ def _chain_links(c: Any, rm: Any, alias: str, trust: Any) -> tuple[dict, list[st
 
 def _refusal(record: dict[str, Any] | None, identity: dict[str, Any], alias: str, trust: Any) -> str | None:
     """Why a record is not a sanction of this alias for this very model (None: it is)."""
-    from registry.trust import PROMOTER
+    from registry.ledger.trust import PROMOTER
 
     if record is None:
         return "no sanction"
@@ -210,7 +210,7 @@ def _parse(raw: bytes | None) -> dict[str, Any] | None:
 
 def read_bytes(c: Any, run: Any) -> bytes | None:
     """The sanction file an audit run (a Run, or its id) holds, as stored (None: none readable)."""
-    from registry.runs import artifact_bytes
+    from registry.access.runs import artifact_bytes
 
     return artifact_bytes(c, run, SANCTION_FILE)
 

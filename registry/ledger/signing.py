@@ -6,7 +6,7 @@ Private keys live in files only (`python -m steps.keys new NAME` makes one, mode
 by group or others is refused), never in the store: `DRAFTEROPS_SIGNING_KEY` names the file a process
 signs with, else the local key `$DRAFTEROPS_HOME/keys/local.key` (default `~/.drafterops`) is made on
 first use. A record carries its key id (a hash of the public key) and is checked against a trust file
-(registry.trust) that lists `trusted_evaluators` (who may sign evidence and calibrations) and
+(registry.ledger.trust) that lists `trusted_evaluators` (who may sign evidence and calibrations) and
 `trusted_promoters` (who may sign sanctions), each with a name. Records signed with the shared HMAC key
 of drafterops before Ed25519 are refused with a line that says so.
 """
@@ -230,7 +230,7 @@ def sign(payload: dict[str, Any], key: Key | None = None) -> dict[str, Any]:
 
 
 def verify(payload: dict[str, Any], role: str, trust: Any) -> str | None:
-    """None when the signature holds under a key `trust` (registry.trust) lists for `role` ("evaluator"
+    """None when the signature holds under a key `trust` (registry.ledger.trust) lists for `role` ("evaluator"
     or "promoter"); else why not, in a few words."""
     sig = payload.get(SIGNATURE)
     if not isinstance(sig, str) or not sig:

@@ -45,7 +45,7 @@ class Comparison:
 
 
 def compare(old: Any, new: Any, tolerance: float) -> Comparison:
-    """The two records (registry.evidence.EvidenceRecord) paired on the prompts both measured."""
+    """The two records (registry.ledger.evidence.record.EvidenceRecord) paired on the prompts both measured."""
     recorded = {key: counts for c in old.classes for key, counts in zip(c.prompt_keys, c.per_prompt, strict=True)}
     pairs = [(recorded[key], counts) for c in new.classes for key, counts in zip(c.prompt_keys, c.per_prompt,
              strict=True) if key in recorded]  # fmt: skip

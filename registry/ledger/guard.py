@@ -2,8 +2,8 @@
 
 MLflow's registry webhooks (`model_version_alias.created` / `.deleted`, HMAC-signed) tell the guard of
 every alias move made through the tracking server: the UI's alias pencil, any API client, `promote`.
-Each verified delivery reconciles that model (registry.reconcile) against its signed sanctions
-(registry.sanction); moves that raise no event (a legacy stage set by hand, a deleted version, anything
+Each verified delivery reconciles that model (registry.ledger.reconcile) against its signed sanctions
+(registry.ledger.sanction); moves that raise no event (a legacy stage set by hand, a deleted version, anything
 done while the guard was down) are caught by the reconciliation the guard runs on start and on a timer.
 """
 
@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from registry import naming
+from registry.access import naming
 
 SIGNATURE_HEADER = "X-MLflow-Signature"
 TIMESTAMP_HEADER = "X-MLflow-Timestamp"
