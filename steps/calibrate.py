@@ -19,45 +19,55 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import BadInput, InternalError
-from common.paths import MINIWORLD
 from steps._cli import (
     log_figure,
     log_params,
     none_if_empty,
-    parser,
     run_step,
     step_run,
 )
 from steps._inputs import MAX_CONCURRENCY, MAX_ROUNDS, integer, integers, require_fit, resolve_model
+from steps._params import Param, Spec
 
-DEFAULT_PROMPTS = MINIWORLD.parent / "miniworld" / "prompts" / "k2.5-val.jsonl"
+SPEC = Spec(
+    "calibrate",
+    __doc__,
+    (
+        Param("target", default="miniworld/k2.5-mini", in_repo=True),
+        Param("engine", default="vllm", help="the serving engine (vLLM's counters)", choices=("vllm",)),
+        Param("draft_steps", default="1,2,3,4", help="draft depths to time (auto with --endpoint: the servers')"),
+        Param("concurrency", default="1,4", help="operating points: requests in flight"),
+        Param("shares", default="auto", help="traffic share of each concurrency (auto: equal)"),
+        Param("drafter", default="miniworld/aq-mini-eagle3", in_repo=True, help="the drafter cycles are timed with"),
+        Param(
+            "prompts",
+            default="miniworld/prompts/k2.5-val.jsonl",
+            in_repo=True,
+            help="JSON Lines prompts sent to the servers",
+        ),
+        Param("limit", default="16", help="prompts per timing"),
+        Param("max_new_tokens", default="64"),
+        Param("rounds", default="2", help="timing rounds, every server in turn each round"),
+        Param("out", default="none", help="the profile to write (configs/profiles/<name>.yaml)"),
+        Param("overwrite", default="no", help="replace --out", choices=("yes", "no")),
+        Param("eval_from", default="host", help="profile whose pinned prompts and eval settings are copied"),
+        Param("serve_draft_steps", default="auto", help="the depth the deployment runs (auto: recommended)"),
+        Param("endpoint", default="none", help="speculative server(s) you run, comma-separated"),
+        Param("plain_endpoint", default="none", help="the same target served without speculation"),
+        Param(
+            "synthetic",
+            default="no",
+            help="also sweep accept_len with the engine's synthetic acceptance (vLLM on GPU)",
+            choices=("yes", "no"),
+        ),
+        Param("engine_python", default="none"),
+        Param("no-progress", flag=True, off=True, dest="progress", cli=True),
+    ),
+)
 
 
 def build() -> argparse.ArgumentParser:
-    p = parser("calibrate", __doc__)
-    p.add_argument("--target", default=str(MINIWORLD / "k2.5-mini"))
-    p.add_argument("--engine", default="vllm", choices=["vllm"], help="the serving engine (vLLM's counters)")
-    p.add_argument("--draft_steps", default="1,2,3,4", help="draft depths to time (auto with --endpoint: the servers')")
-    p.add_argument("--concurrency", default="1,4", help="operating points: requests in flight")
-    p.add_argument("--shares", default="auto", help="traffic share of each concurrency (auto: equal)")
-    p.add_argument("--drafter", default=str(MINIWORLD / "aq-mini-eagle3"), help="the drafter cycles are timed with")
-    p.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSON Lines prompts sent to the servers")
-    p.add_argument("--limit", default="16", help="prompts per timing")
-    p.add_argument("--max_new_tokens", default="64")
-    p.add_argument("--rounds", default="2", help="timing rounds, every server in turn each round")
-    p.add_argument("--out", default="none", help="the profile to write (configs/profiles/<name>.yaml)")
-    p.add_argument("--overwrite", nargs="?", const="yes", default="no", choices=["yes", "no"], help="replace --out")
-    p.add_argument("--eval_from", default="host", help="profile whose pinned prompts and eval settings are copied")
-    p.add_argument("--serve_draft_steps", default="auto", help="the depth the deployment runs (auto: recommended)")
-    p.add_argument("--endpoint", default="none", help="speculative server(s) you run, comma-separated")
-    p.add_argument("--plain_endpoint", default="none", help="the same target served without speculation")
-    p.add_argument(
-        "--synthetic", nargs="?", const="yes", default="no", choices=["yes", "no"],
-        help="also sweep accept_len with the engine's synthetic acceptance (vLLM on GPU)",
-    )  # fmt: skip
-    p.add_argument("--engine_python", default="none")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
-    return p
+    return SPEC.parser()
 
 
 def parse_shares(value: str, loads: list[int]) -> dict[int, float]:

@@ -21,21 +21,38 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import BadInput, GateRefused, InternalError
-from steps._cli import log_figure, log_params, parser, remember_asked, run_link, run_step, step_run
+from steps._cli import log_figure, log_params, remember_asked, run_link, run_step, step_run
+from steps._params import Param, Spec
+
+SPEC = Spec(
+    "compare",
+    __doc__,
+    (
+        Param(
+            "candidates",
+            help="comma-separated drafters: models:/name/N, models:/name@alias, local folders or hub ids",
+        ),
+        Param("profile", default="kimi-k2.5-8xrtxpro6000"),
+        Param(
+            "engine",
+            default="in-process",
+            help="where every candidate is measured (evidence of another engine is not reused)",
+            choices=("in-process", "vllm", "sglang"),
+        ),
+        Param(
+            "promote",
+            default="no",
+            help="promote the winner to production when the promotion rule allows it and it beats the "
+            "incumbent by a paired interval above zero",
+            choices=("yes", "no"),
+        ),
+        Param("no-progress", flag=True, off=True, dest="progress", cli=True),
+    ),
+)
 
 
 def build() -> argparse.ArgumentParser:
-    p = parser("compare", __doc__)
-    p.add_argument("--candidates", default="", help="comma-separated drafters: models:/name/N, models:/name@alias, "
-                   "local folders or hub ids")  # fmt: skip
-    p.add_argument("--profile", default="kimi-k2.5-8xrtxpro6000")
-    p.add_argument("--engine", default="in-process", choices=["in-process", "vllm", "sglang"],
-                   help="where every candidate is measured (evidence of another engine is not reused)")  # fmt: skip
-    p.add_argument("--promote", nargs="?", const="yes", default="no", choices=["yes", "no"],
-                   help="promote the winner to production when the promotion rule allows it and it beats the "
-                   "incumbent by a paired interval above zero")  # fmt: skip
-    p.add_argument("--no-progress", dest="progress", action="store_false")
-    return p
+    return SPEC.parser()
 
 
 @dataclass

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.errors import BadInput
-from common.paths import MINIWORLD
 from registry.ledger.evidence import record as ev_record
 from registry.ledger.evidence import verify as ev_verify
 from reports.acceptance import acceptance_figure, break_even_figure
@@ -29,73 +28,92 @@ from reports.workload import (
 from serving.cost import break_even_accept_len
 from serving.profile import BOUNDS, Profile, load_profile
 from serving.workload import context_figures
-from steps._cli import log_figure, log_params, none_if_empty, parser, run_label, run_step, step_run
+from steps._cli import log_figure, log_params, none_if_empty, run_label, run_step, step_run
 from steps._inputs import MAX_CONCURRENCY, MAX_ROUNDS, integer, number, require_fit, resolve_model
+from steps._params import Param, Spec
 
 if TYPE_CHECKING:
     from engines.protocol import Engine, Measurement
 
 
+SPEC = Spec(
+    "evaluate",
+    __doc__,
+    (
+        Param("model", default="models:/k2.5-mini-eagle3@imported", help="registry URI, folder or hub id"),
+        Param("target", default="miniworld/k2.5-mini", in_repo=True),
+        Param(
+            "dtype",
+            default="auto",
+            help="the target's (and the drafter's) precision, in-process and served (auto: the "
+            "one the profile's deployment serves it at, else the target checkpoint's own)",
+        ),
+        Param("data", default="none", help="held-out hidden-state dataset (offline acceptance); optional"),
+        Param(
+            "prompts",
+            default="auto",
+            help="auto: the prompts the profile pins (every traffic class; the only evaluation that counts as "
+            "evidence); a JSON Lines file to measure other prompts (never evidence); none to skip",
+        ),
+        Param("class", default="none", help="measure one traffic class of the profile", dest="traffic_class"),
+        Param("profile", default="kimi-k2.5-8xrtxpro6000"),
+        Param("draft_steps", default="auto", help="k (auto: the profile's)"),
+        Param("temperature", default="auto", help="auto: the profile's; 0 greedy; > 0 lossless sampling"),
+        Param("max_new_tokens", default="auto", help="auto: the profile's eval_max_new_tokens"),
+        Param("limit", default="0", help="prompts to decode per class (0: all; fewer is never evidence)"),
+        Param("seed", default="0", cli=True),
+        Param(
+            "engine",
+            default="in-process",
+            help="where acceptance is measured: the project's decoder, or a serving engine's server",
+            choices=("in-process", "vllm", "sglang"),
+        ),
+        Param("endpoint", default="none", help="a server you already run (its URL) instead of launching one"),
+        Param(
+            "engine_python",
+            default="none",
+            help="the engine's interpreter (none: $DRAFTEROPS_VLLM_PYTHON, else the env "
+            "`python -m engines.environment` created)",
+        ),
+        Param("concurrency", default="4", help="requests in flight for the served-throughput figure"),
+        Param(
+            "rounds",
+            default="2",
+            help="served timing rounds, both servers in turn each round (more: a tighter speed-up)",
+        ),
+        Param(
+            "reference",
+            default="in-process",
+            help="decode the same prompts with the project's decoder to check the engine (none: a target too big here)",
+            choices=("in-process", "none"),
+        ),
+        Param("agreement_tolerance", default="0.02", help="engine vs in-process accept_len, relative", cli=True),
+        Param(
+            "agreement_prompts",
+            default="0.8",
+            help="share of prompts whose engine and in-process cycles must be identical",
+            cli=True,
+        ),
+        Param(
+            "handed_aux_ids",
+            default="auto",
+            help="aux layer ids handed to the engine as they are (auto: the drafter's, in the engine's reading)",
+            cli=True,
+        ),
+        Param(
+            "format",
+            default="plain",
+            help="the folder handed to the engine: the plain EAGLE-3 layout, or vLLM's speculators format",
+            choices=("plain", "speculators"),
+            dest="drafter_format",
+        ),
+        Param("no-progress", flag=True, off=True, dest="progress", cli=True),
+    ),
+)
+
+
 def build() -> argparse.ArgumentParser:
-    p = parser("evaluate", __doc__)
-    p.add_argument("--model", default="models:/k2.5-mini-eagle3@imported", help="registry URI, folder or hub id")
-    p.add_argument("--target", default=str(MINIWORLD / "k2.5-mini"))
-    p.add_argument(
-        "--dtype", default="auto", help="the target's (and the drafter's) precision, in-process and served (auto: the "
-        "one the profile's deployment serves it at, else the target checkpoint's own)",
-    )  # fmt: skip
-    p.add_argument("--data", default="none", help="held-out hidden-state dataset (offline acceptance); optional")
-    p.add_argument(
-        "--prompts",
-        default="auto",
-        help="auto: the prompts the profile pins (every traffic class; the only evaluation that counts as "
-        "evidence); a JSON Lines file to measure other prompts (never evidence); none to skip",
-    )
-    p.add_argument("--class", dest="traffic_class", default="none", help="measure one traffic class of the profile")
-    p.add_argument("--profile", default="kimi-k2.5-8xrtxpro6000")
-    p.add_argument("--draft_steps", default="auto", help="k (auto: the profile's)")
-    p.add_argument("--temperature", default="auto", help="auto: the profile's; 0 greedy; > 0 lossless sampling")
-    p.add_argument("--max_new_tokens", default="auto", help="auto: the profile's eval_max_new_tokens")
-    p.add_argument("--limit", default="0", help="prompts to decode per class (0: all; fewer is never evidence)")
-    p.add_argument("--seed", default="0")
-    p.add_argument(
-        "--engine",
-        default="in-process",
-        choices=["in-process", "vllm", "sglang"],
-        help="where acceptance is measured: the project's decoder, or a serving engine's server",
-    )
-    p.add_argument("--endpoint", default="none", help="a server you already run (its URL) instead of launching one")
-    p.add_argument(
-        "--engine_python", default="none", help="the engine's interpreter (none: $DRAFTEROPS_VLLM_PYTHON, else the env "
-        "`python -m engines.environment` created)",
-    )  # fmt: skip
-    p.add_argument("--concurrency", default="4", help="requests in flight for the served-throughput figure")
-    p.add_argument(
-        "--rounds", default="2", help="served timing rounds, both servers in turn each round (more: a tighter speed-up)"
-    )
-    p.add_argument(
-        "--reference",
-        default="in-process",
-        choices=["in-process", "none"],
-        help="decode the same prompts with the project's decoder to check the engine (none: a target too big here)",
-    )
-    p.add_argument("--agreement_tolerance", default="0.02", help="engine vs in-process accept_len, relative")
-    p.add_argument(
-        "--agreement_prompts",
-        default="0.8",
-        help="share of prompts whose engine and in-process cycles must be identical",
-    )
-    p.add_argument(
-        "--handed_aux_ids",
-        default="auto",
-        help="aux layer ids handed to the engine as they are (auto: the drafter's, translated to the engine's reading)",
-    )
-    p.add_argument(
-        "--format", dest="drafter_format", default="plain", choices=["plain", "speculators"],
-        help="the folder handed to the engine: the plain EAGLE-3 layout, or vLLM's speculators format",
-    )  # fmt: skip
-    p.add_argument("--no-progress", dest="progress", action="store_false")
-    return p
+    return SPEC.parser()
 
 
 @dataclass(frozen=True)

@@ -16,24 +16,29 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import BadInput
-from steps._cli import log_params, none_if_empty, parser, run_step, step_run
+from steps._cli import log_params, none_if_empty, run_step, step_run
 from steps._inputs import draft_depth, require_fit
+from steps._params import Param, Spec
 
 SERVING = ("production", "staging")
 
 
+SPEC = Spec(
+    "export",
+    __doc__,
+    (
+        Param("model", default="models:/k2.5-mini-eagle3@production", help="a registry URI"),
+        Param("engine", default="vllm", help="sglang, vllm or speculators"),
+        Param("out", default="none", help="a new (or empty) folder"),
+        Param("target", default="auto", help="auto: the registered model's target"),
+        Param("draft_steps", default="auto", help="auto: the depth the promotion was decided at"),
+        Param("any_version", default="no", help="export a version that holds no serving alias", choices=("yes", "no")),
+    ),
+)
+
+
 def build() -> argparse.ArgumentParser:
-    p = parser("export", __doc__)
-    p.add_argument("--model", default="models:/k2.5-mini-eagle3@production", help="a registry URI")
-    p.add_argument("--engine", default="vllm", help="sglang, vllm or speculators")
-    p.add_argument("--out", default="none", help="a new (or empty) folder")
-    p.add_argument("--target", default="auto", help="auto: the registered model's target")
-    p.add_argument("--draft_steps", default="auto", help="auto: the depth the promotion was decided at")
-    p.add_argument(
-        "--any_version", nargs="?", const="yes", default="no", choices=["yes", "no"],
-        help="export a version that holds no serving alias",
-    )  # fmt: skip
-    return p
+    return SPEC.parser()
 
 
 @dataclass(frozen=True)

@@ -12,57 +12,70 @@ import os
 from typing import Any
 
 from common.errors import BadInput
-from common.paths import MINIWORLD
 from drafter.analysis.memory_plan import GIB
 from drafter.train.loop import TrainConfig
 from registry.access.naming import TAG_REPLIES
-from steps._cli import log_params, none_if_empty, parser, run_step, step_run
+from steps._cli import log_params, none_if_empty, run_step, step_run
 from steps._inputs import integer
+from steps._params import Param, Spec
 from tuning.outcome import counted_trials, verdict
 from tuning.recipe import FinetuneRequest
 from tuning.register import replies
-from tuning.space import DEFAULT_BASELINE, DEFAULT_SPACE
+
+SPEC = Spec(
+    "finetune",
+    __doc__,
+    (
+        Param("init", default="models:/k2.5-mini-eagle3@imported", help="registry URI, folder, or 'scratch'"),
+        Param("data", help="hidden-state dataset folder (make_data)"),
+        Param("val_data", default="none", help="validation dataset (none: hold out 10%% of --data)"),
+        Param("profile", default="kimi-k2.5-8xrtxpro6000", help="validation drafts its draft_steps deep"),
+        Param("n_trials", default="4", help="trials of the whole study, all workers together"),
+        Param("max_steps", default="150"),
+        Param("batch_size", default="8", help="the global batch (split over the ranks of a launcher)"),
+        Param("ds_config", default="zero0", help="a name in configs/deepspeed or a path"),
+        Param("storage", default="auto", help="Optuna storage URL (auto: an SQLite file beside mlflow.db)"),
+        Param("study", default="auto", help="study name (auto: from init and dataset digest)"),
+        Param("search_space", default="configs/search_space.yaml", in_repo=True, cli=True),
+        Param(
+            "baseline",
+            default="configs/baseline_trial.yaml",
+            in_repo=True,
+            help="settings enqueued as trial 0 ('none': no)",
+        ),
+        Param("fixed_params", default="none", help="JSON of TrainConfig values used instead of a search"),
+        Param("checkpoints", default="auto", help="trial checkpoints, shared by all workers (auto: beside the study)"),
+        Param("seed", default="0"),
+        Param(
+            "arch", default="miniworld/aq-mini-eagle3", in_repo=True, help="drafter config for init=scratch", cli=True
+        ),
+        Param("name", default="auto", help="registered model (auto: the init's, or <target>-eagle3)"),
+        Param("alias", default="candidate", help="alias for the registered best version ('none' for none)"),
+        Param("val_every", default="25", cli=True),
+        Param(
+            "heartbeat",
+            default="30",
+            help="seconds between trial heartbeats (RDB storages); a trial "
+            "silent for 3 heartbeats is failed and retried by the next worker, from its last checkpoint",
+        ),
+        Param(
+            "memory_limit_gib",
+            default="auto",
+            help="memory one rank may use (auto: what the GPU or this host has free); checked before any data is read",
+        ),
+        Param(
+            "packing",
+            default="yes",
+            help="pack a batch's samples into rows (no: pad each to the batch's longest)",
+            choices=("yes", "no"),
+        ),
+        Param("no-progress", flag=True, off=True, dest="progress", cli=True),
+    ),
+)
 
 
 def build() -> argparse.ArgumentParser:
-    p = parser("finetune", __doc__)
-    p.add_argument("--init", default="models:/k2.5-mini-eagle3@imported", help="registry URI, folder, or 'scratch'")
-    p.add_argument("--data", required=True, help="hidden-state dataset folder (make_data)")
-    p.add_argument("--val_data", default="none", help="validation dataset (none: hold out 10%% of --data)")
-    p.add_argument("--profile", default="kimi-k2.5-8xrtxpro6000", help="validation drafts its draft_steps deep")
-    p.add_argument("--n_trials", default="4", help="trials of the whole study, all workers together")
-    p.add_argument("--max_steps", default="150")
-    p.add_argument("--batch_size", default="8", help="the global batch (split over the ranks of a launcher)")
-    p.add_argument("--ds_config", default="zero0", help="a name in configs/deepspeed or a path")
-    p.add_argument("--storage", default="auto", help="Optuna storage URL (auto: an SQLite file beside mlflow.db)")
-    p.add_argument("--study", default="auto", help="study name (auto: from init and dataset digest)")
-    p.add_argument("--search_space", default=str(DEFAULT_SPACE))
-    p.add_argument("--baseline", default=str(DEFAULT_BASELINE), help="settings enqueued as trial 0 ('none': no)")
-    p.add_argument("--fixed_params", default="none", help="JSON of TrainConfig values used instead of a search")
-    p.add_argument(
-        "--checkpoints", default="auto", help="trial checkpoints, shared by all workers (auto: beside the study)"
-    )
-    p.add_argument("--seed", default="0")
-    p.add_argument("--arch", default=str(MINIWORLD / "aq-mini-eagle3"), help="drafter config for init=scratch")
-    p.add_argument("--name", default="auto", help="registered model (auto: the init's, or <target>-eagle3)")
-    p.add_argument("--alias", default="candidate", help="alias for the registered best version ('none' for none)")
-    p.add_argument("--val_every", default="25")
-    p.add_argument(
-        "--heartbeat",
-        default="30",
-        help="seconds between trial heartbeats (RDB storages); a trial "
-        "silent for 3 heartbeats is failed and retried by the next worker, from its last checkpoint",
-    )
-    p.add_argument(
-        "--memory_limit_gib", default="auto",
-        help="memory one rank may use (auto: what the GPU or this host has free); checked before any data is read",
-    )  # fmt: skip
-    p.add_argument(
-        "--packing", default="yes", choices=["yes", "no"],
-        help="pack a batch's samples into rows (no: pad each to the batch's longest)",
-    )  # fmt: skip
-    p.add_argument("--no-progress", dest="progress", action="store_false")
-    return p
+    return SPEC.parser()
 
 
 def _fixed(text: str) -> dict[str, Any] | None:

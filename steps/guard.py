@@ -23,7 +23,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from common.errors import BadInput
 from registry.access.naming import tracking_uri
-from steps._cli import parser, run_step
+from steps._cli import run_step
+from steps._params import Param, Spec
 
 SECRET_ENV = "DRAFTEROPS_WEBHOOK_SECRET"
 WEBHOOK_NAME = "drafterops-guard"
@@ -31,13 +32,20 @@ MAX_BODY = 1 << 20
 READ_TIMEOUT_S = 10  # a client that promises more body than it sends is cut off after this
 
 
+SPEC = Spec(
+    "guard",
+    __doc__,
+    (
+        Param("port", default="8765", help="loopback port the guard listens on"),
+        Param("install", help="register the webhook on the tracking server, then exit", flag=True, cli=True),
+        Param("reconcile", help="reconcile the registry once, then exit (no server)", flag=True, cli=True),
+        Param("interval", default="60", help="seconds between reconciliations while serving", cli=True),
+    ),
+)
+
+
 def build() -> argparse.ArgumentParser:
-    p = parser("guard", __doc__)
-    p.add_argument("--port", default="8765", help="loopback port the guard listens on")
-    p.add_argument("--install", action="store_true", help="register the webhook on the tracking server, then exit")
-    p.add_argument("--reconcile", action="store_true", help="reconcile the registry once, then exit (no server)")
-    p.add_argument("--interval", default="60", help="seconds between reconciliations while serving")
-    return p
+    return SPEC.parser()
 
 
 def _secret() -> str:

@@ -9,35 +9,43 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import BadInput
-from common.paths import MINIWORLD
 from drafter.formats.checkpoint import header_problems, load_config, read_header
 from drafter.formats.layouts import detect, family_of
 from drafter.formats.speculators import verifier_of
 from drafter.model.config import read_json
 from registry.access import naming
 from registry.access.resolve import HUB_DRAFTER_FILES, parse_hub_ref
-from steps._cli import log_params, none_if_empty, parser, run_step, step_run
+from steps._cli import log_params, none_if_empty, run_step, step_run
+from steps._params import Param, Spec
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
 
 
+SPEC = Spec(
+    "import_drafter",
+    __doc__,
+    (
+        Param(
+            "source",
+            default="miniworld/aq-mini-eagle3",
+            in_repo=True,
+            help="hub id (org/name, org/name@rev, hf://org/name@rev) or a local drafter folder",
+        ),
+        Param(
+            "revision",
+            default="auto",
+            help="hub revision: branch, tag or commit (auto: the default branch); pinned to its commit",
+        ),
+        Param("name", default="auto", help="registered model name (auto: <target-slug>-eagle3)"),
+        Param("target", default="miniworld/k2.5-mini", in_repo=True, help="the target this model is registered for"),
+        Param("trained_for", default="auto", help="target the weights were trained for (auto: card)"),
+        Param("allow_pickle", default="false", help="accept .bin/.pt weights (read with weights_only=True)"),
+    ),
+)
+
+
 def build() -> argparse.ArgumentParser:
-    p = parser("import_drafter", __doc__)
-    p.add_argument(
-        "--source",
-        default=str(MINIWORLD / "aq-mini-eagle3"),
-        help="hub id (org/name, org/name@rev, hf://org/name@rev) or a local drafter folder",
-    )
-    p.add_argument(
-        "--revision",
-        default="auto",
-        help="hub revision: branch, tag or commit (auto: the default branch); pinned to its commit",
-    )
-    p.add_argument("--name", default="auto", help="registered model name (auto: <target-slug>-eagle3)")
-    p.add_argument("--target", default=str(MINIWORLD / "k2.5-mini"), help="the target this model is registered for")
-    p.add_argument("--trained_for", default="auto", help="target the weights were trained for (auto: card)")
-    p.add_argument("--allow_pickle", default="false", help="accept .bin/.pt weights (read with weights_only=True)")
-    return p
+    return SPEC.parser()
 
 
 def fetch(source: str, revision: str | None) -> tuple[Path, str, str | None]:

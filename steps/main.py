@@ -21,30 +21,42 @@ from typing import Any
 
 from common.errors import INTERNAL_ERROR, BadInput, DrafterOpsError, GateRefused
 from common.paths import MINIWORLD
-from steps._cli import log_figure, log_params, parser, run_link, run_step, step_run
+from steps._cli import log_figure, log_params, run_link, run_step, step_run
+from steps._params import Param, Spec
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+SPEC = Spec(
+    "main",
+    __doc__,
+    (
+        Param("workdir", default="drafterops-work", help="where captured datasets go"),
+        Param("profile", default="kimi-k2.5-8xrtxpro6000"),
+        Param("n_trials", default="3"),
+        Param("max_steps", default="150"),
+        Param("limit", default="0", help="prompts decoded per traffic class (0: all; fewer is not evidence)"),
+        Param("max_new_tokens", default="auto", help="auto: the profile's (another is not evidence)"),
+        Param(
+            "bakeoff",
+            default="families",
+            help="end with `compare`: the three drafters and the mini world's K2.5-era family drafters (families), "
+            "the three alone (drafters), or no bake-off",
+            choices=("families", "drafters", "no"),
+        ),
+        Param(
+            "calibrate",
+            default="auto",
+            help="measure this machine's vLLM deployment (host-vllm) with calibrate; auto: when the engine's "
+            "environment exists (it is never installed unasked)",
+            choices=("auto", "yes", "no"),
+        ),
+    ),
+)
+
+
 def build() -> argparse.ArgumentParser:
-    p = parser("main", __doc__)
-    p.add_argument("--workdir", default="drafterops-work", help="where captured datasets go")
-    p.add_argument("--profile", default="kimi-k2.5-8xrtxpro6000")
-    p.add_argument("--n_trials", default="3")
-    p.add_argument("--max_steps", default="150")
-    p.add_argument("--limit", default="0", help="prompts decoded per traffic class (0: all; fewer is not evidence)")
-    p.add_argument("--max_new_tokens", default="auto", help="auto: the profile's (another is not evidence)")
-    p.add_argument(
-        "--bakeoff", default="families", choices=["families", "drafters", "no"],
-        help="end with `compare`: the three drafters and the mini world's K2.5-era family drafters (families), "
-        "the three alone (drafters), or no bake-off",
-    )  # fmt: skip
-    p.add_argument(
-        "--calibrate", default="auto", choices=["auto", "yes", "no"],
-        help="measure this machine's vLLM deployment (host-vllm) with calibrate; auto: when the engine's "
-        "environment exists (it is never installed unasked)",
-    )  # fmt: skip
-    return p
+    return SPEC.parser()
 
 
 class StepFailed(DrafterOpsError):

@@ -22,54 +22,77 @@ from drafter.model.config import TargetConfig
 from drafter.model.target import check_layer_ids, load_target, load_tokenizer, resolve_local, target_precision
 from engines.environment import find_python
 from serving.workload import prompt_key
-from steps._cli import log_params, none_if_empty, parser, run_step, step_run
+from steps._cli import log_params, none_if_empty, run_step, step_run
+from steps._params import Param, Spec
+
+SPEC = Spec(
+    "make_data",
+    __doc__,
+    (
+        Param("target", help="target model folder or hub id"),
+        Param("prompts", help="JSON Lines: {'messages': [...]} or {'text': ...}"),
+        Param("out", help="dataset folder to create (or resume)"),
+        Param("max_len", default=512, help="tokens per sample (longer prompts are cut)", type=int),
+        Param("limit", default=0, help="use the first N prompts (0: all)", type=int),
+        Param("drafter", default="none", help="drafter whose config gives the aux layer ids"),
+        Param("layers", default="auto", help="aux layer ids 'a,b,c' (auto: the drafter's)"),
+        Param("shard_tokens", default=65536, help="tokens per shard", type=int, cli=True),
+        Param("dtype", default="auto", help="the target's precision (auto: its checkpoint's own)"),
+        Param(
+            "engine",
+            default="in-process",
+            help="where the states come from: the target loaded here, a vLLM server that serves it, or SpecForge's "
+            "capture on SGLang (a GPU machine)",
+            choices=("in-process", "vllm", "sglang"),
+        ),
+        Param("endpoint", default="none", help="a capturing vLLM server you run (its URL) instead of one started here"),
+        Param(
+            "capture_dir",
+            default="none",
+            help="--endpoint: the folder its connector writes states to, as mounted here",
+            cli=True,
+        ),
+        Param(
+            "engine_python",
+            default="none",
+            help="vLLM's interpreter (none: the env engines.environment made)",
+            cli=True,
+        ),
+        Param("specforge", default="none", help="--engine sglang: a SpecForge checkout (its capture script)", cli=True),
+        Param(
+            "chat_template",
+            default="none",
+            help="--engine sglang: SpecForge's name for the target's template",
+            cli=True,
+        ),
+        Param("tensor_parallel", default=1, help="--engine sglang: ranks the target is split over", type=int, cli=True),
+        Param(
+            "regenerate",
+            help="the target writes the assistant turns first (greedy, or at --temperature), then capture runs on them",
+            flag=True,
+            cli=True,
+        ),
+        Param("max_new_tokens", default=256, help="--regenerate: the longest reply", type=int, cli=True),
+        Param(
+            "temperature",
+            default="0",
+            help="--regenerate: 0 greedy, a number, or a profile name (its eval_temperature)",
+            cli=True,
+        ),
+        Param("seed", default=0, help="--regenerate: the sampling seed (request i uses seed + i)", type=int, cli=True),
+        Param(
+            "print_server_command",
+            help="print the capturing vLLM server's command for this target and these layers, and exit",
+            flag=True,
+            cli=True,
+        ),
+        Param("no-progress", flag=True, off=True, dest="progress", cli=True),
+    ),
+)
 
 
 def build() -> argparse.ArgumentParser:
-    p = parser("make_data", __doc__)
-    p.add_argument("--target", required=True, help="target model folder or hub id")
-    p.add_argument("--prompts", required=True, help="JSON Lines: {'messages': [...]} or {'text': ...}")
-    p.add_argument("--out", required=True, help="dataset folder to create (or resume)")
-    p.add_argument("--max_len", type=int, default=512, help="tokens per sample (longer prompts are cut)")
-    p.add_argument("--limit", type=int, default=0, help="use the first N prompts (0: all)")
-    p.add_argument("--drafter", default="none", help="drafter whose config gives the aux layer ids")
-    p.add_argument("--layers", default="auto", help="aux layer ids 'a,b,c' (auto: the drafter's)")
-    p.add_argument("--shard_tokens", type=int, default=65536, help="tokens per shard")
-    p.add_argument("--dtype", default="auto", help="the target's precision (auto: its checkpoint's own)")
-    p.add_argument(
-        "--engine", default="in-process", choices=["in-process", "vllm", "sglang"],
-        help="where the states come from: the target loaded here, a vLLM server that serves it, or SpecForge's "
-        "capture on SGLang (a GPU machine)",
-    )  # fmt: skip
-    p.add_argument(
-        "--endpoint", default="none", help="a capturing vLLM server you run (its URL) instead of one started here"
-    )
-    p.add_argument(
-        "--capture_dir", default="none", help="--endpoint: the folder its connector writes states to, as mounted here"
-    )
-    p.add_argument(
-        "--engine_python", default="none", help="vLLM's interpreter (none: the env engines.environment made)"
-    )
-    p.add_argument("--specforge", default="none", help="--engine sglang: a SpecForge checkout (its capture script)")
-    p.add_argument(
-        "--chat_template", default="none", help="--engine sglang: SpecForge's name for the target's template"
-    )
-    p.add_argument("--tensor_parallel", type=int, default=1, help="--engine sglang: ranks the target is split over")
-    p.add_argument(
-        "--regenerate", action="store_true",
-        help="the target writes the assistant turns first (greedy, or at --temperature), then capture runs on them",
-    )  # fmt: skip
-    p.add_argument("--max_new_tokens", type=int, default=256, help="--regenerate: the longest reply")
-    p.add_argument(
-        "--temperature", default="0", help="--regenerate: 0 greedy, a number, or a profile name (its eval_temperature)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="--regenerate: the sampling seed (request i uses seed + i)")
-    p.add_argument(
-        "--print_server_command", action="store_true",
-        help="print the capturing vLLM server's command for this target and these layers, and exit",
-    )  # fmt: skip
-    p.add_argument("--no-progress", dest="progress", action="store_false")
-    return p
+    return SPEC.parser()
 
 
 def parse_layers(text: str) -> list[int]:

@@ -7,18 +7,26 @@ import argparse
 from common.errors import BadInput
 from serving.cost import break_even_accept_len, plan_table
 from serving.profile import Profile, load_profile
-from steps._cli import log_params, none_if_empty, parser, run_step, step_run
+from steps._cli import log_params, none_if_empty, run_step, step_run
+from steps._params import Param, Spec
 
 DEFAULT_TPS = "82,100,150,200"
 
 
+SPEC = Spec(
+    "plan",
+    __doc__,
+    (
+        Param("profile", default="kimi-k2.5-8xrtxpro6000", help="profile name or YAML path"),
+        Param("tps", default=DEFAULT_TPS, help="comma-separated target speeds (tok/s)"),
+        Param("draft_steps", default="auto", help="draft steps k (auto: the profile's)", cli=True),
+        Param("no-mlflow", help="print only, log nothing", flag=True, off=True, dest="mlflow", cli=True),
+    ),
+)
+
+
 def build() -> argparse.ArgumentParser:
-    p = parser("plan", __doc__)
-    p.add_argument("--profile", default="kimi-k2.5-8xrtxpro6000", help="profile name or YAML path")
-    p.add_argument("--tps", default=DEFAULT_TPS, help="comma-separated target speeds (tok/s)")
-    p.add_argument("--draft_steps", default="auto", help="draft steps k (auto: the profile's)")
-    p.add_argument("--no-mlflow", dest="mlflow", action="store_false", help="print only, log nothing")
-    return p
+    return SPEC.parser()
 
 
 def parse_tps(text: str) -> list[float]:

@@ -12,25 +12,35 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import BadInput
-from common.paths import MINIWORLD
 from serving.profile import load_profile
-from steps._cli import log_figure, log_params, none_if_empty, parser, run_step, step_run
+from steps._cli import log_figure, log_params, none_if_empty, run_step, step_run
 from steps._inputs import integer, resolve_model
+from steps._params import Param, Spec
+
+SPEC = Spec(
+    "probe",
+    __doc__,
+    (
+        Param("drafter", default="models:/k2.5-mini-eagle3@imported", help="registry URI, folder or hub id"),
+        Param("old_target", default="miniworld/k2-mini", in_repo=True, help="the target the drafter was trained on"),
+        Param("new_target", default="miniworld/k2.5-mini", in_repo=True, help="the target it should serve"),
+        Param("prompts", default="miniworld/prompts/k2.5-val.jsonl", in_repo=True),
+        Param(
+            "class",
+            default="none",
+            help="the profile's traffic class to probe on (its pinned prompts instead of --prompts)",
+            dest="traffic_class",
+        ),
+        Param("limit", default="40", help="prompts to use (0: all)"),
+        Param("profile", default="kimi-k2.5-8xrtxpro6000", help="zero-shot acceptance at its draft steps"),
+        Param("max_len", default="512", cli=True),
+        Param("no-progress", flag=True, off=True, dest="progress", cli=True),
+    ),
+)
 
 
 def build() -> argparse.ArgumentParser:
-    p = parser("probe", __doc__)
-    p.add_argument("--drafter", default="models:/k2.5-mini-eagle3@imported", help="registry URI, folder or hub id")
-    p.add_argument("--old_target", default=str(MINIWORLD / "k2-mini"), help="the target the drafter was trained on")
-    p.add_argument("--new_target", default=str(MINIWORLD / "k2.5-mini"), help="the target it should serve")
-    p.add_argument("--prompts", default=str(MINIWORLD / "prompts" / "k2.5-val.jsonl"))
-    p.add_argument("--class", dest="traffic_class", default="none", help="the profile's traffic class to probe on "
-                   "(its pinned prompts instead of --prompts)")  # fmt: skip
-    p.add_argument("--limit", default="40", help="prompts to use (0: all)")
-    p.add_argument("--profile", default="kimi-k2.5-8xrtxpro6000", help="zero-shot acceptance at its draft steps")
-    p.add_argument("--max_len", default="512")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
-    return p
+    return SPEC.parser()
 
 
 @dataclass

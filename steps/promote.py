@@ -9,17 +9,24 @@ from typing import Any
 
 from common.errors import BadInput, InternalError
 from serving.profile import load_profile
-from steps._cli import log_params, parser, run_step, step_run
+from steps._cli import log_params, run_step, step_run
 from steps._inputs import number
+from steps._params import Param, Spec
+
+SPEC = Spec(
+    "promote",
+    __doc__,
+    (
+        Param("model", default="models:/k2.5-mini-eagle3@candidate"),
+        Param("profile", default="kimi-k2.5-8xrtxpro6000"),
+        Param("stage", default="production", help="staging or production", choices=("staging", "production")),
+        Param("margin", default="0.0", help="production: how much worse than the incumbent is tolerated"),
+    ),
+)
 
 
 def build() -> argparse.ArgumentParser:
-    p = parser("promote", __doc__)
-    p.add_argument("--model", default="models:/k2.5-mini-eagle3@candidate")
-    p.add_argument("--profile", default="kimi-k2.5-8xrtxpro6000")
-    p.add_argument("--stage", default="production", choices=["staging", "production"], help="staging or production")
-    p.add_argument("--margin", default="0.0", help="production: how much worse than the incumbent is tolerated")
-    return p
+    return SPEC.parser()
 
 
 @dataclass

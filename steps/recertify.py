@@ -16,25 +16,33 @@ from typing import Any
 
 from common.errors import BadInput
 from serving.profile import load_profile
-from steps._cli import log_params, parser, run_step, step_run
+from steps._cli import log_params, run_step, step_run
 from steps._inputs import number
+from steps._params import Param, Spec
+
+SPEC = Spec(
+    "recertify",
+    __doc__,
+    (
+        Param("model", default="k2.5-mini-eagle3", help="registered model name"),
+        Param("profile", default="kimi-k2.5-8xrtxpro6000"),
+        Param("stage", default="production", choices=("staging", "production")),
+        Param("engine", default="in-process", choices=("in-process", "vllm", "sglang")),
+        Param("tolerance", default="0.02", help="paired accept_len change kept without a new decision"),
+        Param("always", help="measure again even when no condition moved", flag=True, cli=True),
+        Param(
+            "evaluator_key",
+            default="none",
+            help="the key file the new evaluation is signed with (a "
+            "trusted evaluator's; default: the signing key, which signs a demotion as a trusted promoter)",
+            cli=True,
+        ),
+    ),
+)
 
 
 def build() -> argparse.ArgumentParser:
-    p = parser("recertify", __doc__)
-    p.add_argument("--model", default="k2.5-mini-eagle3", help="registered model name")
-    p.add_argument("--profile", default="kimi-k2.5-8xrtxpro6000")
-    p.add_argument("--stage", default="production", choices=["staging", "production"])
-    p.add_argument("--engine", default="in-process", choices=["in-process", "vllm", "sglang"])
-    p.add_argument("--tolerance", default="0.02", help="paired accept_len change kept without a new decision")
-    p.add_argument("--always", action="store_true", help="measure again even when no condition moved")
-    p.add_argument(
-        "--evaluator_key",
-        default="none",
-        help="the key file the new evaluation is signed with (a "
-        "trusted evaluator's; default: the signing key, which signs a demotion as a trusted promoter)",
-    )
-    return p
+    return SPEC.parser()
 
 
 @dataclass

@@ -13,28 +13,49 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import BadInput
-from common.paths import MINIWORLD
-from steps._cli import log_figure, log_params, none_if_empty, parser, run_step, step_run
+from steps._cli import log_figure, log_params, none_if_empty, run_step, step_run
 from steps._inputs import integers
-from tuning.space import DEFAULT_BASELINE
+from steps._params import Param, Spec
+
+SPEC = Spec(
+    "scale",
+    __doc__,
+    (
+        Param("init", default="models:/k2.5-mini-eagle3@imported", help="the drafter to warm-start from"),
+        Param("data", help="captured training dataset the ladder draws from"),
+        Param("val_data", default="none", help="captured validation dataset (or --class)"),
+        Param("sizes", default="10,20,40,80", help="samples per rung"),
+        Param("seeds", default="0,1", help="draws (and training seeds) per rung"),
+        Param("profile", default="kimi-k2.5-8xrtxpro6000"),
+        Param(
+            "class",
+            default="none",
+            help="validate on the profile's traffic class "
+            "(its pinned prompts, captured on the dataset's target) instead of --val_data",
+            dest="traffic_class",
+        ),
+        Param("tps", default="82,100,150,200", help="plan rows: target tok/s"),
+        Param(
+            "settings",
+            default="configs/baseline_trial.yaml",
+            in_repo=True,
+            help="training settings (YAML of TrainConfig fields)",
+        ),
+        Param("epochs", default="8", help="passes over each rung's samples (the token budget per sample)"),
+        Param(
+            "arch",
+            default="miniworld/aq-mini-eagle3",
+            in_repo=True,
+            help="drafter config for the scratch runs",
+            cli=True,
+        ),
+        Param("no-progress", flag=True, off=True, dest="progress", cli=True),
+    ),
+)
 
 
 def build() -> argparse.ArgumentParser:
-    p = parser("scale", __doc__)
-    p.add_argument("--init", default="models:/k2.5-mini-eagle3@imported", help="the drafter to warm-start from")
-    p.add_argument("--data", required=True, help="captured training dataset the ladder draws from")
-    p.add_argument("--val_data", default="none", help="captured validation dataset (or --class)")
-    p.add_argument("--sizes", default="10,20,40,80", help="samples per rung")
-    p.add_argument("--seeds", default="0,1", help="draws (and training seeds) per rung")
-    p.add_argument("--profile", default="kimi-k2.5-8xrtxpro6000")
-    p.add_argument("--class", dest="traffic_class", default="none", help="validate on the profile's traffic class "
-                   "(its pinned prompts, captured on the dataset's target) instead of --val_data")  # fmt: skip
-    p.add_argument("--tps", default="82,100,150,200", help="plan rows: target tok/s")
-    p.add_argument("--settings", default=str(DEFAULT_BASELINE), help="training settings (YAML of TrainConfig fields)")
-    p.add_argument("--epochs", default="8", help="passes over each rung's samples (the token budget per sample)")
-    p.add_argument("--arch", default=str(MINIWORLD / "aq-mini-eagle3"), help="drafter config for the scratch runs")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
-    return p
+    return SPEC.parser()
 
 
 def class_validation(profile, name: str | None, dataset, args: argparse.Namespace):

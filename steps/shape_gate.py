@@ -7,21 +7,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.paths import MINIWORLD
 from drafter.analysis.compat import Check, check_compat, compare_drafters, drafter_facts, target_facts, verdict
-from steps._cli import log_params, none_if_empty, parser, run_label, run_step, step_run
+from steps._cli import log_params, none_if_empty, run_label, run_step, step_run
+from steps._params import Param, Spec
+
+SPEC = Spec(
+    "shape_gate",
+    __doc__,
+    (
+        Param(
+            "model",
+            default="models:/k2.5-mini-eagle3@imported",
+            help="models:/name/N, models:/name@alias, a local drafter folder or a hub id",
+        ),
+        Param("target", default="miniworld/k2.5-mini", in_repo=True, help="target folder or hub id"),
+        Param("reference", default="none", help="a second drafter to compare side by side (optional)"),
+    ),
+)
 
 
 def build() -> argparse.ArgumentParser:
-    p = parser("shape_gate", __doc__)
-    p.add_argument(
-        "--model",
-        default="models:/k2.5-mini-eagle3@imported",
-        help="models:/name/N, models:/name@alias, a local drafter folder or a hub id",
-    )
-    p.add_argument("--target", default=str(MINIWORLD / "k2.5-mini"), help="target folder or hub id")
-    p.add_argument("--reference", default="none", help="a second drafter to compare side by side (optional)")
-    return p
+    return SPEC.parser()
 
 
 def table(checks: list[Check]) -> str:

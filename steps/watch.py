@@ -22,26 +22,34 @@ from registry.ledger import watch as policy_
 from reports.watch import WatchHistory, watch_figure
 from serving import drift
 from serving.profile import load_profile
-from steps._cli import log_figure, log_params, none_if_empty, parser, run_step, step_run
+from steps._cli import log_figure, log_params, none_if_empty, run_step, step_run
 from steps._inputs import number
+from steps._params import Param, Spec
 
 WINDOW = 10  # intervals pooled for the live accept_len held against break-even
 FIGURE_EVERY = 20  # intervals between figures (and one at the end)
 
 
+SPEC = Spec(
+    "watch",
+    __doc__,
+    (
+        Param("model", default="k2.5-mini-eagle3", help="registered model name"),
+        Param("alias", default="production", choices=("staging", "production")),
+        Param("endpoints", help="comma-separated base URLs of the engines serving the alias"),
+        Param("profile", default="host-vllm", help="the deployment's calibrated profile (break-even by load)"),
+        Param("interval", default="10", help="seconds between reads"),
+        Param("max_intervals", default="0", help="stop after this many intervals (0: until stopped)"),
+        Param("policy", default="auto", help="warn or demote (auto: the profile's watch.action, else warn)"),
+        Param("tolerance", default="auto", help="relative drop to detect (auto: the profile's, else 0.02)"),
+        Param("draft_steps", default="auto", help="the served depth (auto: the promotion decision's)"),
+        Param("recertify", default="yes", help="run recertify when the engine moves", choices=("yes", "no")),
+    ),
+)
+
+
 def build() -> argparse.ArgumentParser:
-    p = parser("watch", __doc__)
-    p.add_argument("--model", default="k2.5-mini-eagle3", help="registered model name")
-    p.add_argument("--alias", default="production", choices=["staging", "production"])
-    p.add_argument("--endpoints", required=True, help="comma-separated base URLs of the engines serving the alias")
-    p.add_argument("--profile", default="host-vllm", help="the deployment's calibrated profile (break-even by load)")
-    p.add_argument("--interval", default="10", help="seconds between reads")
-    p.add_argument("--max_intervals", default="0", help="stop after this many intervals (0: until stopped)")
-    p.add_argument("--policy", default="auto", help="warn or demote (auto: the profile's watch.action, else warn)")
-    p.add_argument("--tolerance", default="auto", help="relative drop to detect (auto: the profile's, else 0.02)")
-    p.add_argument("--draft_steps", default="auto", help="the served depth (auto: the promotion decision's)")
-    p.add_argument("--recertify", default="yes", choices=["yes", "no"], help="run recertify when the engine moves")
-    return p
+    return SPEC.parser()
 
 
 @dataclass
