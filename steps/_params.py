@@ -33,6 +33,7 @@ class Param:
     dest: str | None = None
     off: bool = False  # a --no-<x> switch: sets `dest` False
     type: type | None = None  # int or float where argparse converts (the command line only)
+    bare: str | None = None  # the value `--name` alone stands for (`--promote` is `--promote yes`)
     in_repo: bool = False  # the default is a path in this repository: absolute on the command line (any folder
     # works), as written in MLproject (which runs in the repository)
 
@@ -56,6 +57,8 @@ class Param:
             kwargs["dest"] = self.dest
         if self.type is not None:
             kwargs["type"] = self.type
+        if self.bare is not None:
+            kwargs.update(nargs="?", const=self.bare)
         p.add_argument(f"--{self.name}", **kwargs)
 
 

@@ -41,6 +41,7 @@ SPEC = Spec(
         ),
         Param(
             "promote",
+            bare="yes",
             default="no",
             help="promote the winner to production when the promotion rule allows it and it beats the "
             "incumbent by a paired interval above zero",

@@ -32,7 +32,13 @@ SPEC = Spec(
         Param("out", default="none", help="a new (or empty) folder"),
         Param("target", default="auto", help="auto: the registered model's target"),
         Param("draft_steps", default="auto", help="auto: the depth the promotion was decided at"),
-        Param("any_version", default="no", help="export a version that holds no serving alias", choices=("yes", "no")),
+        Param(
+            "any_version",
+            bare="yes",
+            default="no",
+            help="export a version that holds no serving alias",
+            choices=("yes", "no"),
+        ),
     ),
 )
 

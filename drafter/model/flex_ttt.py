@@ -31,6 +31,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from drafter.model import compiled
 from drafter.model.ttt_attention import KeyRule
 
+_STATIC_ON_CPU: list[bool] = []  # set once the CPU code generator failed a dynamic shape in this process
 PAD = 256  # mask tables reach this far past the last query and key: a kernel may read a block beyond
 DYNAMIC = os.environ.get("DRAFTEROPS_FLEX_DYNAMIC", "1") != "0"  # one compiled kernel for every length
 
@@ -111,7 +112,14 @@ def flex_ttt_attention(
     if chain:  # each earlier step's keys as a block of M after the step-0 keys: one copy
         keys = torch.cat([keys, *chain_k], dim=2)
         values = torch.cat([values, *chain_v], dim=2)
-    dynamic = DYNAMIC and (q.is_cuda or q.shape[-1] == values.shape[-1])
-    block_mask = ttt_block_mask(rule, m, keys.shape[2] - chain * m, chain, dynamic)
-    flex = kernels(dynamic)[0]
-    return flex(q.contiguous(), keys.contiguous(), values.contiguous(), block_mask=block_mask, scale=scale)
+    dynamic = DYNAMIC and (q.is_cuda or (q.shape[-1] == values.shape[-1] and not _STATIC_ON_CPU))
+    try:
+        block_mask = ttt_block_mask(rule, m, keys.shape[2] - chain * m, chain, dynamic)
+        return kernels(dynamic)[0](q.contiguous(), keys.contiguous(), values.contiguous(), block_mask=block_mask,
+                                   scale=scale)  # fmt: skip
+    except Exception as exc:  # torch's CPU code generator fails some dynamic shapes (cur_kvSplitSize<n> undeclared)
+        if q.is_cuda or not dynamic or type(exc).__name__ != "InductorError":
+            raise
+    _STATIC_ON_CPU.append(True)  # from here on this process compiles each CPU shape on its own
+    return flex_ttt_attention(q, keys[:, :, : keys.shape[2] - chain * m], values[:, :, : values.shape[2] - chain * m],
+                              chain_k, chain_v, rule, scale)  # fmt: skip
