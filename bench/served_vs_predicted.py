@@ -13,6 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
+from common import metric_names as names
 from reports.operating import served_vs_predicted
 from serving.cost import break_even_accept_len
 from serving.profile import load_profile
@@ -20,10 +21,6 @@ from steps.evaluate import served_speedups
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results"
-
-
-def per_concurrency(metrics: dict[str, float], prefix: str) -> dict[int, float]:
-    return {int(key.removeprefix(prefix)): v for key, v in metrics.items() if key.startswith(prefix)}
 
 
 def rows(store: str, profile_path: str | None) -> list[dict]:
@@ -43,7 +40,7 @@ def rows(store: str, profile_path: str | None) -> list[dict]:
     for run in latest.values():
         m, params = run.data.metrics, run.data.params
         path = params.get("profile", "")
-        if not any(key.startswith("predicted_served_speedup_c") for key in m):
+        if not names.by_concurrency(m, "predicted_served_speedup"):
             continue
         k = int(params.get("resolved.draft_steps", params.get("draft_steps", host.draft_steps)))
         host_k = host.with_draft_steps(k)
@@ -57,12 +54,12 @@ def rows(store: str, profile_path: str | None) -> list[dict]:
             "host_predicted_speedup": m["engine_accept_len"] / break_even_accept_len(host_k),
         }
         served = served_speedups(m)
-        predicted = per_concurrency(m, "predicted_served_speedup_c")
+        predicted = names.by_concurrency(m, "predicted_served_speedup")
         if profile_path:  # another calibration's prediction from the same served figures
             again = served_vs_predicted(
                 load_profile(profile_path), k, m["engine_accept_len"], served, m.get("engine_delivered_share", 1.0)
             )
-            predicted = per_concurrency(again, "predicted_served_speedup_c")
+            predicted = names.by_concurrency(again, "predicted_served_speedup")
         for c_, value in predicted.items():
             if c_ in served:
                 row[f"c{c_}"] = {"predicted": value, "served": served[c_], "error": served[c_] / value - 1}

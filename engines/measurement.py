@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common import metric_names as names
 from serving.workload import bootstrap_ci, pooled
 
 
@@ -76,22 +77,25 @@ class EngineRun:
 
     def metrics(self) -> dict[str, float]:
         lo, hi = bootstrap_ci(self.per_prompt)
-        m = {"engine_accept_len": self.accept_len, "engine_accept_len_ci_low": lo, "engine_accept_len_ci_high": hi}
-        m.update({f"engine_acc_pos_{i}": a for i, a in enumerate(self.acc_pos)})
+        m = {names.engine("accept_len"): self.accept_len, names.engine("accept_len_ci_low"): lo,
+             names.engine("accept_len_ci_high"): hi}  # fmt: skip
+        m.update({names.engine(f"acc_pos_{i}"): a for i, a in enumerate(self.acc_pos)})
         m["served_tps_spec"] = self.tps_spec
         if self.tps_baseline:
             m["served_tps_baseline"] = self.tps_baseline
             m["served_speedup"] = self.tps_spec / self.tps_baseline
         if self.tps_spec_conc and self.tps_baseline_conc:
             c = self.concurrency
-            m[f"served_tps_baseline_c{c}"] = self.tps_baseline_conc
-            m[f"served_tps_spec_c{c}"] = self.tps_spec_conc
-            m[f"served_speedup_c{c}"] = self.tps_spec_conc / self.tps_baseline_conc
+            m[names.at_concurrency("served_tps_baseline", c)] = self.tps_baseline_conc
+            m[names.at_concurrency("served_tps_spec", c)] = self.tps_spec_conc
+            m[names.at_concurrency("served_speedup", c)] = self.tps_spec_conc / self.tps_baseline_conc
         if self.decode_tps_spec_conc and self.decode_tps_baseline_conc:
             c = self.concurrency
-            m[f"served_decode_tps_baseline_c{c}"] = self.decode_tps_baseline_conc
-            m[f"served_decode_tps_spec_c{c}"] = self.decode_tps_spec_conc
-            m[f"served_decode_speedup_c{c}"] = self.decode_tps_spec_conc / self.decode_tps_baseline_conc
+            m[names.at_concurrency("served_decode_tps_baseline", c)] = self.decode_tps_baseline_conc
+            m[names.at_concurrency("served_decode_tps_spec", c)] = self.decode_tps_spec_conc
+            m[names.at_concurrency("served_decode_speedup", c)] = (
+                self.decode_tps_spec_conc / self.decode_tps_baseline_conc
+            )
         for name, seconds in self.start_seconds.items():
             m[f"server_start_s_{name}"] = seconds
         return m

@@ -4,6 +4,7 @@ the speed-up the profile predicts is from the one the engine served."""
 
 from __future__ import annotations
 
+from common import metric_names as names
 from serving.cost import break_even_accept_len, fit_conditional_acceptance
 from serving.cycle_model import DepthChoice, OperatingPoint, accept_len_at_depth, recommend_depth
 from serving.profile import Profile
@@ -49,12 +50,12 @@ def operating_metrics(profile: Profile, accept_len: float, acc_pos: list[float] 
     positions = positions_or_fit(acc_pos, accept_len, k)
     for view in profile.serving_points() if profile.operating_points else []:
         c = view.concurrency
-        out[f"break_even_accept_len_c{c}"] = break_even_accept_len(view)
-        out[f"projected_speedup_c{c}"] = accept_len / break_even_accept_len(view)
+        out[names.at_concurrency("break_even_accept_len", c)] = break_even_accept_len(view)
+        out[names.at_concurrency("projected_speedup", c)] = accept_len / break_even_accept_len(view)
     for choice in depth_choices(profile, positions, k):
-        suffix = f"_c{choice.concurrency}" if profile.operating_points else ""
-        out[f"recommended_draft_steps{suffix}"] = choice.k
-        out[f"recommended_speedup{suffix}"] = choice.speedup
+        at = (lambda f, c=choice.concurrency: names.at_concurrency(f, c)) if profile.operating_points else str
+        out[at("recommended_draft_steps")] = choice.k
+        out[at("recommended_speedup")] = choice.speedup
     return out
 
 
@@ -70,8 +71,8 @@ def served_vs_predicted(
         if op.concurrency not in served:
             continue
         predicted = engine_accept_len * delivered_share * 1000.0 / op.cycle_ms(k) / op.plain_tps
-        out[f"predicted_served_speedup_c{op.concurrency}"] = predicted
-        out[f"served_vs_predicted_c{op.concurrency}"] = served[op.concurrency] / predicted - 1
+        out[names.at_concurrency("predicted_served_speedup", op.concurrency)] = predicted
+        out[names.at_concurrency("served_vs_predicted", op.concurrency)] = served[op.concurrency] / predicted - 1
     return out
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from common import metric_names as names
 from serving.cost import break_even_accept_len
 
 T = TypeVar("T")
@@ -110,11 +111,11 @@ def figure_metrics(classes, mix, profile) -> dict[str, float]:
         for c in classes:
             out.update(
                 {
-                    f"class_{c.name}_accept_len": c.accept_len,
-                    f"class_{c.name}_accept_len_ci_low": c.ci_low,
-                    f"class_{c.name}_accept_len_ci_high": c.ci_high,
-                    f"class_{c.name}_projected_speedup": c.speedup,
-                    f"class_{c.name}_projected_tps": c.speedup * profile.baseline_tps,
+                    names.per_class(c.name, "accept_len"): c.accept_len,
+                    names.per_class(c.name, "accept_len_ci_low"): c.ci_low,
+                    names.per_class(c.name, "accept_len_ci_high"): c.ci_high,
+                    names.per_class(c.name, "projected_speedup"): c.speedup,
+                    names.per_class(c.name, "projected_tps"): c.speedup * profile.baseline_tps,
                 }
             )
     return out
@@ -125,7 +126,7 @@ def class_positions(classes: list[MeasuredClass], accepted: list[list[int]], k: 
 
     out = {}
     for c, part in by_class(classes, accepted):
-        out.update({f"class_{c.name}_acc_pos_{i}": a for i, a in enumerate(acceptance_by_position(part, k))})
+        out.update({names.per_class(c.name, f"acc_pos_{i}"): a for i, a in enumerate(acceptance_by_position(part, k))})
     return out
 
 
@@ -134,11 +135,11 @@ def context_metrics(buckets, profile) -> dict[str, float]:
     out: dict[str, float] = {}
     for c in buckets:
         out.update({
-            f"ctx_{c.name}_accept_len": c.accept_len,
-            f"ctx_{c.name}_accept_len_ci_low": c.ci_low,
-            f"ctx_{c.name}_accept_len_ci_high": c.ci_high,
-            f"ctx_{c.name}_prompts": float(c.prompts),
-            f"ctx_{c.name}_projected_speedup": c.speedup,
+            names.per_context(c.name, "accept_len"): c.accept_len,
+            names.per_context(c.name, "accept_len_ci_low"): c.ci_low,
+            names.per_context(c.name, "accept_len_ci_high"): c.ci_high,
+            names.per_context(c.name, "prompts"): float(c.prompts),
+            names.per_context(c.name, "projected_speedup"): c.speedup,
         })  # fmt: skip
     return out
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common import metric_names as names
 from common.errors import BadInput, InternalError
 from steps._cli import (
     log_figure,
@@ -427,12 +428,12 @@ def operating_metrics(ops, depths: list[int]) -> dict[str, float]:
     metrics = {}
     for op in ops:
         c = op.concurrency
-        metrics[f"plain_tps_c{c}"] = op.plain_tps
-        metrics[f"verify_ms_c{c}"] = op.verify_ms
-        metrics[f"draft_step_ms_c{c}"] = op.draft_step_ms
+        metrics[names.at_concurrency("plain_tps", c)] = op.plain_tps
+        metrics[names.at_concurrency("verify_ms", c)] = op.verify_ms
+        metrics[names.at_concurrency("draft_step_ms", c)] = op.draft_step_ms
         for k in depths:
-            metrics[f"cycle_ms_k{k}_c{c}"] = op.cycle_ms(k)
-            metrics[f"break_even_k{k}_c{c}"] = op.break_even(k)
+            metrics[names.at_depth_and_concurrency("cycle_ms", k, c)] = op.cycle_ms(k)
+            metrics[names.at_depth_and_concurrency("break_even", k, c)] = op.break_even(k)
     return metrics
 
 

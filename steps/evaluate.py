@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common import metric_names as names
 from common.errors import BadInput
 from registry.ledger.evidence import record as ev_record
 from registry.ledger.evidence import verify as ev_verify
@@ -526,10 +527,7 @@ def report(request: Request, ev: Evaluation) -> None:
 def served_speedups(m: dict[str, float]) -> dict[int, float]:
     """Served decode speed-ups by concurrency (batch 1 is concurrency 1), prefill left out."""
     out = {1: m["served_speedup"]} if "served_speedup" in m else {}
-    for key, value in m.items():
-        if key.startswith("served_decode_speedup_c"):
-            out[int(key.rsplit("_c", 1)[1])] = value
-    return out
+    return out | names.by_concurrency(m, "served_decode_speedup")
 
 
 def link_version(mv, name: str, profile: str, metrics: dict[str, float]) -> str | None:
@@ -713,17 +711,15 @@ def summary(name: str, profile: str, m: dict[str, float]) -> str:
             f"  engine: accept_len {m['engine_accept_len']:.3f}"
             + (f" (in-process {m['inprocess_accept_len']:.3f})" if "inprocess_accept_len" in m else "")
             + "  acceptance by position "
-            + " ".join(f"{m[f'engine_acc_pos_{i}']:.3f}" for i in range(8) if f"engine_acc_pos_{i}" in m)
+            + " ".join(f"{m[names.engine(f'acc_pos_{i}')]:.3f}" for i in range(8) if names.engine(f"acc_pos_{i}") in m)
         )
         if "served_tps_baseline" in m:
             lines.append(
                 f"  served: {m['served_tps_baseline']:.1f} -> {m['served_tps_spec']:.1f} tok/s at batch 1 "
                 f"({m['served_speedup']:.2f}x)"
                 + "".join(
-                    f"; {m[key]:.1f} -> {m[key.replace('baseline', 'spec')]:.1f} tok/s at concurrency "
-                    f"{key.rsplit('_c', 1)[1]}"
-                    for key in m
-                    if key.startswith("served_tps_baseline_c")
+                    f"; {base:.1f} -> {m[names.at_concurrency('served_tps_spec', c)]:.1f} tok/s at concurrency {c}"
+                    for c, base in names.by_concurrency(m, "served_tps_baseline").items()
                 )
             )
     if "host_tps_baseline" in m:

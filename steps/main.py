@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common import metric_names as names
 from common.errors import INTERNAL_ERROR, BadInput, DrafterOpsError, GateRefused
 from common.paths import MINIWORLD
 from steps._cli import log_figure, log_params, run_link, run_step, step_run
@@ -431,35 +432,35 @@ def summary(
             f"{m.get('projected_tps', 0):.1f} | {be:.2f} | {verdict} |"
         )
     lines += class_lines(results)
-    lines += class_lines(results, "ctx_")
+    lines += class_lines(results, names.CONTEXT)
     lines += served or []
     lines += ["", f"promotion: {decision}", f"wall time: {seconds / 60:.1f} min"]
     return "\n".join(lines)
 
 
-def class_lines(results: dict[str, tuple[str, dict[str, float]]], prefix: str = "class_") -> list[str]:
+def class_lines(results: dict[str, tuple[str, dict[str, float]]], prefix: str = names.CLASS) -> list[str]:
     """Each drafter per traffic class and for the mix (prefix "class_"), or per context length ("ctx_"):
     accept_len [95% CI] and projected speed-up."""
     from serving.workload import context_buckets
 
     metrics = next(iter(results.values()))[1]
-    names = sorted(k[len(prefix) : -len("_accept_len")] for k in metrics if k.startswith(prefix) and k.endswith(
-        "_accept_len"))  # fmt: skip
-    if not names:
+    groups = names.groups(metrics, prefix, "accept_len")
+    if not groups:
         return []
-    mix = prefix == "class_"
+    mix = prefix == names.CLASS
     if not mix:  # context buckets, shortest first, named as lengths
-        names = [n for n in context_buckets() if n in names]
-    heads = names if mix else [f"{n} tokens" for n in names]
+        groups = [n for n in context_buckets() if n in groups]
+    heads = groups if mix else [f"{n} tokens" for n in groups]
     lines = ["", "| drafter | " + " | ".join(heads) + (" | traffic mix |" if mix else " |"),
-             "|---" * (len(names) + 1 + mix) + "|"]  # fmt: skip
+             "|---" * (len(groups) + 1 + mix) + "|"]  # fmt: skip
+
+    def cell(m: dict[str, float], n: str) -> str:
+        at = lambda figure: m[names.per_group(prefix, n, figure)]  # noqa: E731
+        return f"{at('accept_len'):.2f} [{at('accept_len_ci_low'):.2f}, {at('accept_len_ci_high'):.2f}] " \
+               f"{at('projected_speedup'):.2f}x"  # fmt: skip
+
     for label, (version, m) in results.items():
-        cells = [
-            f"{m[f'{prefix}{n}_accept_len']:.2f} [{m[f'{prefix}{n}_accept_len_ci_low']:.2f}, "
-            f"{m[f'{prefix}{n}_accept_len_ci_high']:.2f}] {m[f'{prefix}{n}_projected_speedup']:.2f}x"
-            if f"{prefix}{n}_accept_len" in m else "-"
-            for n in names
-        ]  # fmt: skip
+        cells = [cell(m, n) if names.per_group(prefix, n, "accept_len") in m else "-" for n in groups]
         if mix:
             cells.append(f"{m['accept_len']:.2f} [{m['accept_len_ci_low']:.2f}, {m['accept_len_ci_high']:.2f}] "
                          f"{m['projected_speedup']:.2f}x")  # fmt: skip

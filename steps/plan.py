@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from common import metric_names as names
 from common.errors import BadInput
 from serving.cost import break_even_accept_len, plan_table
 from serving.profile import Profile, load_profile
@@ -100,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
             log_params({"profile": profile.name, "draft_steps": profile.draft_steps, "tps": args.tps})
             mlflow.log_metric("break_even_accept_len", break_even_accept_len(profile))
             for view in profile.serving_points() if profile.operating_points else []:
-                mlflow.log_metric(f"break_even_accept_len_c{view.concurrency}", break_even_accept_len(view))
+                mlflow.log_metric(names.at_concurrency("break_even_accept_len", view.concurrency),
+                                  break_even_accept_len(view))  # fmt: skip
             mlflow.log_table(table_frame(profile, tps), artifact_file="plan_table.json")
             mlflow.log_text(text + "\n", "plan.md")
     return 0
