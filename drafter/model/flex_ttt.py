@@ -31,7 +31,6 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from drafter.model import compiled
 from drafter.model.ttt_attention import KeyRule
 
-_STATIC_ON_CPU: list[bool] = []  # set once the CPU code generator failed a dynamic shape in this process
 PAD = 256  # mask tables reach this far past the last query and key: a kernel may read a block beyond
 DYNAMIC = os.environ.get("DRAFTEROPS_FLEX_DYNAMIC", "1") != "0"  # one compiled kernel for every length
 
@@ -39,9 +38,9 @@ DYNAMIC = os.environ.get("DRAFTEROPS_FLEX_DYNAMIC", "1") != "0"  # one compiled 
 @functools.cache
 def kernels(dynamic: bool = True):
     """(flex_attention, create_block_mask) compiled once per process: compiling is what makes flex
-    attention a fused kernel at all. With dynamic shapes every length and step shares one compilation;
-    without, each shape compiles its own (torch's CPU code generator needs that when values are
-    narrower than keys)."""
+    attention a fused kernel at all. With dynamic shapes (on a GPU) every length and step shares one
+    compilation; on a CPU each shape compiles its own (torch's CPU code generator fails some dynamic shapes,
+    `cur_kvSplitSize<n>` undeclared)."""
     import torch._dynamo
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, compiled.RECOMPILE_LIMIT)
@@ -92,7 +91,8 @@ def ttt_block_mask(rule: KeyRule, queries: int, keys: int, chain: int, dynamic: 
         qseg = _tail(torch.gather(rule.segment_ids, 1, rule.query_pos), q_len, -3)
         kseg = _tail(rule.segment_ids, k_len, -2)
         mask_mod = _packed_mask(qpos, lo, key_ok, diag, qseg, kseg)
-    return kernels(dynamic)[1](mask_mod, b, None, queries, length, device=device)
+    maker = kernels(dynamic)[1] if rule.query_pos.is_cuda else create_block_mask  # small on a CPU: not compiled
+    return maker(mask_mod, b, None, queries, length, device=device)
 
 
 def flex_ttt_attention(
@@ -112,14 +112,7 @@ def flex_ttt_attention(
     if chain:  # each earlier step's keys as a block of M after the step-0 keys: one copy
         keys = torch.cat([keys, *chain_k], dim=2)
         values = torch.cat([values, *chain_v], dim=2)
-    dynamic = DYNAMIC and (q.is_cuda or (q.shape[-1] == values.shape[-1] and not _STATIC_ON_CPU))
-    try:
-        block_mask = ttt_block_mask(rule, m, keys.shape[2] - chain * m, chain, dynamic)
-        return kernels(dynamic)[0](q.contiguous(), keys.contiguous(), values.contiguous(), block_mask=block_mask,
-                                   scale=scale)  # fmt: skip
-    except Exception as exc:  # torch's CPU code generator fails some dynamic shapes (cur_kvSplitSize<n> undeclared)
-        if q.is_cuda or not dynamic or type(exc).__name__ != "InductorError":
-            raise
-    _STATIC_ON_CPU.append(True)  # from here on this process compiles each CPU shape on its own
-    return flex_ttt_attention(q, keys[:, :, : keys.shape[2] - chain * m], values[:, :, : values.shape[2] - chain * m],
-                              chain_k, chain_v, rule, scale)  # fmt: skip
+    dynamic = DYNAMIC and q.is_cuda  # torch's CPU code generator fails some dynamic shapes: one per shape there
+    block_mask = ttt_block_mask(rule, m, keys.shape[2] - chain * m, chain, dynamic)
+    return kernels(dynamic)[0](q.contiguous(), keys.contiguous(), values.contiguous(), block_mask=block_mask,
+                               scale=scale)  # fmt: skip
