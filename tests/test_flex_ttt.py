@@ -51,13 +51,12 @@ def test_the_drafters_ttt_forward_under_flex_is_the_reference():
     from drafter.data.dataset import collate
     from drafter.model.eagle3 import Eagle3Drafter
     from drafter.train.loss import pred_mask_from_loss_mask, shifted
-    from tests.helpers.drafters import tiny_config
-    from tests.test_packing import _samples
+    from tests.helpers.drafters import random_samples, tiny_config
 
     model = Eagle3Drafter(tiny_config(head_dim=16, num_attention_heads=2, num_key_value_heads=2, sliding_window=9))
     model.init_weights(3)
     model.has_embedding = True
-    batch = collate(_samples(model, lengths=[24, 24], prompts=[0, 0]))
+    batch = collate(random_samples(model, lengths=[24, 24], prompts=[0, 0]))
     mask = pred_mask_from_loss_mask(batch.loss_mask) & batch.attention_mask
     outs = {}
     for mode in ("blockwise", "flex"):

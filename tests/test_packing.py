@@ -3,29 +3,10 @@
 import pytest
 import torch
 
-from drafter.data.dataset import Sample, collate
+from drafter.data.dataset import collate
 from drafter.data.packing import collate_packed, first_fit_decreasing
 from drafter.train.loss import loss_positions, pred_mask_from_loss_mask, target_draft_logits, ttt_loss
-from tests.helpers.drafters import FAMILIES, tiny_drafter
-
-
-def _samples(model, lengths: list[int], prompts: list[int], seed: int = 0) -> list[Sample]:
-    g = torch.Generator().manual_seed(seed)
-    cfg = model.config
-    out = []
-    for n, p in zip(lengths, prompts, strict=True):
-        loss_mask = torch.zeros(n, dtype=torch.bool)
-        loss_mask[p:] = True  # the prompt first, then the reply
-        out.append(
-            Sample(
-                input_ids=torch.randint(0, cfg.vocab_size, (n,), generator=g),
-                loss_mask=loss_mask,
-                aux_hidden=torch.randn(n, 3 * cfg.target_hidden, generator=g),
-                last_hidden=torch.randn(n, cfg.hidden_size, generator=g),
-                target_token=torch.randint(0, cfg.vocab_size, (n,), generator=g),
-            )
-        )
-    return out
+from tests.helpers.drafters import FAMILIES, random_samples, tiny_drafter
 
 
 def _loss_and_grads(model, batch, head_rows, ttt: int):
@@ -50,7 +31,7 @@ def test_packed_rows_give_the_padded_batchs_loss_gradients_and_counts(ttt):
     torch.manual_seed(0)
     model = tiny_drafter(seed=5)
     # a long-tailed mix: one long conversation and several short ones that share its row width
-    samples = _samples(model, lengths=[40, 9, 17, 6, 12, 25], prompts=[10, 3, 8, 2, 12, 5])
+    samples = random_samples(model, lengths=[40, 9, 17, 6, 12, 25], prompts=[10, 3, 8, 2, 12, 5])
     head_rows = torch.randn(model.config.vocab_size, model.config.hidden_size)[model.t2d]
     padded, packed = collate(samples), collate_packed(samples)
     assert packed.input_ids.shape[0] < padded.input_ids.shape[0]  # fewer rows: less work
@@ -69,11 +50,11 @@ def test_a_sample_never_sees_its_row_neighbour():
     """Changing the first sample of a row changes nothing the second sample's logits depend on, and
     the second sample's positions restart at 0."""
     model = tiny_drafter(seed=1)
-    samples = _samples(model, lengths=[20, 8, 10], prompts=[0, 0, 0])
+    samples = random_samples(model, lengths=[20, 8, 10], prompts=[0, 0, 0])
     packed = collate_packed(samples)
     assert packed.segment_ids.tolist()[1] == [1] * 8 + [2] * 10 + [-1] * 2  # 8 + 10 share a row of 20
     assert packed.position_ids[1, 8:18].tolist() == list(range(10))
-    other = _samples(model, lengths=[20, 8, 10], prompts=[0, 0, 0], seed=9)
+    other = random_samples(model, lengths=[20, 8, 10], prompts=[0, 0, 0], seed=9)
     changed = collate_packed([samples[0], other[1], samples[2]])  # the row's first sample replaced
     run = lambda b: model(b.input_ids, b.aux_hidden, b.attention_mask, ttt_length=3,  # noqa: E731
                           position_ids=b.position_ids, segment_ids=b.segment_ids)  # fmt: skip
@@ -115,7 +96,7 @@ def test_blockwise_attention_gives_the_eager_loss_and_gradients(bf16, layout, wi
 
     monkeypatch.setattr(ttt_attention, "BLOCK_ELEMENTS", 1)  # the smallest blocks: 16 queries each
     model = tiny_drafter(seed=5, sliding_window=window, **FAMILIES[family])
-    samples = _samples(model, lengths=[40, 9, 17, 6, 12, 25], prompts=[10, 3, 8, 2, 12, 5])
+    samples = random_samples(model, lengths=[40, 9, 17, 6, 12, 25], prompts=[10, 3, 8, 2, 12, 5])
     head_rows = torch.randn(model.config.vocab_size, model.config.hidden_size)[model.t2d]
     batch = collate(samples) if layout == "padded" else collate_packed(samples)
     eager = _under(model, batch, head_rows, 4, "eager", bf16)
@@ -132,7 +113,7 @@ def test_a_window_hides_what_lies_beyond_it():
     """With a sliding window of w, a position's step-0 output does not change when a token more than
     w - 1 positions back changes, and does when one inside the window changes."""
     model = tiny_drafter(seed=2, sliding_window=4)
-    s = _samples(model, lengths=[20], prompts=[0])[0]
+    s = random_samples(model, lengths=[20], prompts=[0])[0]
     ids, aux = s.input_ids[None], s.aux_hidden[None]
     far, near = aux.clone(), aux.clone()
     far[0, 5] += 3.0  # 15 - 5 >= 4: outside position 15's window

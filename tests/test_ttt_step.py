@@ -11,8 +11,7 @@ from drafter.data.packing import collate_packed
 from drafter.model.ttt_plan import plan_steps
 from drafter.train.loss import loss_positions, pred_mask_from_loss_mask, target_draft_logits, ttt_loss
 from drafter.train.ttt_step import ttt_step_loss
-from tests.helpers.drafters import FAMILIES, tiny_drafter
-from tests.test_packing import _samples
+from tests.helpers.drafters import FAMILIES, random_samples, tiny_drafter
 
 
 def _grads(model):
@@ -44,7 +43,7 @@ def _both(model, batch, head_rows, ttt: int, denominators: bool):
 @pytest.mark.parametrize(("window", "family"), [(None, "llama"), (7, "llama"), (None, "mla-eagle3.1")])
 def test_the_step_scored_as_it_comes_is_the_reference_loss_gradients_and_counts(ttt, layout, window, family):
     model = tiny_drafter(seed=5, sliding_window=window, **FAMILIES[family])
-    samples = _samples(model, lengths=[40, 9, 17, 6, 12, 25], prompts=[10, 3, 8, 2, 12, 5])
+    samples = random_samples(model, lengths=[40, 9, 17, 6, 12, 25], prompts=[10, 3, 8, 2, 12, 5])
     head_rows = torch.randn(model.config.vocab_size, model.config.hidden_size)[model.t2d]
     batch = collate(samples) if layout == "padded" else collate_packed(samples)
     ref, new = _both(model, batch, head_rows, ttt, denominators=layout == "packed")
@@ -61,7 +60,7 @@ def test_every_position_scored_when_nothing_is_masked():
     """A batch with every position trained (the benchmark's case): the plan is plain prefixes, and the
     step still equals the reference."""
     model = tiny_drafter(seed=3)
-    samples = _samples(model, lengths=[30, 30], prompts=[0, 0])
+    samples = random_samples(model, lengths=[30, 30], prompts=[0, 0])
     head_rows = torch.randn(model.config.vocab_size, model.config.hidden_size)[model.t2d]
     batch = collate(samples)
     mask = pred_mask_from_loss_mask(batch.loss_mask) & batch.attention_mask
@@ -81,7 +80,7 @@ def test_the_compiled_gpu_functions_are_the_cpu_arithmetic(family, monkeypatch):
 
     monkeypatch.setattr(drafter.model.compiled, "on_device", lambda x: True)
     model = tiny_drafter(seed=5, **FAMILIES[family])
-    samples = _samples(model, lengths=[40, 9, 17, 6, 12, 25], prompts=[10, 3, 8, 2, 12, 5])
+    samples = random_samples(model, lengths=[40, 9, 17, 6, 12, 25], prompts=[10, 3, 8, 2, 12, 5])
     head_rows = torch.randn(model.config.vocab_size, model.config.hidden_size)[model.t2d]
     batch = collate_packed(samples)
     monkeypatch.setattr(drafter.model.compiled, "on_device", lambda x: False)

@@ -5,23 +5,18 @@ page, the promote run and a scale run, the model page's numbers those main print
 promotion, the version page shows production. Screenshots are the test run's artifacts: they go to
 $DRAFTEROPS_SCREENSHOTS when set, else test-artifacts/screenshots/ in the checkout."""
 
-import contextlib
 import json
-import os
-import shutil
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.browser import CHROMIUM, DRIVER, above_the_fold, browser_on, close_assistant, page_text, shots
 from tests.helpers.prompts import PROMPTS, write_prompts
-from tests.helpers.servers import mlflow_server
 from tests.helpers.steps import run_step
 from tests.helpers.stores import project_runs
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver")
 pytestmark = [
     pytest.mark.full,
     pytest.mark.skipif(
@@ -29,87 +24,6 @@ pytestmark = [
         reason="Debian's chromium and chromium-driver are not installed (.ci/run installs them)",
     ),
 ]
-
-
-@contextlib.contextmanager
-def browser_on(folder: Path, backend_uri: str):
-    """(browser, base URL): headless Chromium on a live `mlflow server` for the store."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1600,1000"):
-        opts.add_argument(arg)
-    with mlflow_server(folder, backend_uri) as base:
-        browser = webdriver.Chrome(service=Service(DRIVER), options=opts)
-        width, height = VIEWPORT  # the page itself is 1600x1000, whatever the browser's own frame takes
-        browser.execute_cdp_cmd(
-            "Emulation.setDeviceMetricsOverride",
-            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
-        )
-        try:
-            yield browser, base
-        finally:
-            browser.quit()
-
-
-VIEWPORT = (1600, 1000)
-
-
-def shots() -> Path:
-    folder = Path(os.environ.get("DRAFTEROPS_SCREENSHOTS", ROOT / "test-artifacts" / "screenshots"))
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-def page_text(browser, url: str, *expected: str, timeout: float = 60) -> str:
-    """The page's visible text once every expected string shows (the UI renders after load)."""
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    browser.get(url)
-    text = ""
-
-    def ready(b):
-        nonlocal text
-        text = b.execute_script("return document.body.innerText")
-        return all(e in text for e in expected)
-
-    try:
-        WebDriverWait(browser, timeout).until(ready)
-    except Exception:
-        raise AssertionError(f"{url}: missing {[e for e in expected if e not in text]}; page:\n{text[:3000]}") from None
-    return text
-
-
-def close_assistant(browser) -> None:
-    """MLflow 3.17 opens its Assistant panel by itself on a first visit, squeezing a run page into one
-    column; a newcomer closes it once (the browser remembers), and so does this test."""
-    from selenium.webdriver.common.by import By
-
-    for button in browser.find_elements(By.CSS_SELECTOR, "button[aria-label='Close']"):
-        if button.is_displayed():
-            button.click()
-            time.sleep(1)
-            return
-
-
-def above_the_fold(browser, needle: str) -> None:
-    """`needle` is on screen without scrolling: the text node holding it lies inside the viewport."""
-    where = browser.execute_script(
-        """const w = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
-        while (w.nextNode()) {
-          if (w.currentNode.textContent.includes(arguments[0])) {
-            const r = w.currentNode.parentElement.getBoundingClientRect();
-            return [r.top, r.bottom, window.innerHeight];
-          }
-        }
-        return null;""",
-        needle,
-    )
-    assert where is not None, f"{needle!r} is not on the page"
-    top, bottom, height = where
-    assert top >= 0 and bottom <= height, f"{needle!r} is at {top:.0f}-{bottom:.0f} px, below the fold ({height} px)"
 
 
 def test_after_main_the_ui_tells_which_drafter_is_where_and_why(main_job):

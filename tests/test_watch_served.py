@@ -129,7 +129,7 @@ def test_the_watch_detects_the_drop_a_restart_on_other_weights_brings_and_demote
 
 def _screenshot(folder: Path, run) -> None:
     """The watch's run in the MLflow UI, as a person opens it: its figure on the run's artifacts tab."""
-    from tests.test_ui_browser import CHROMIUM, DRIVER, browser_on, close_assistant, page_text, shots
+    from tests.helpers.browser import CHROMIUM, DRIVER, browser_on, close_assistant, page_text, shots
 
     if not (CHROMIUM and DRIVER):
         return  # .ci/run installs Chromium; the UI test says so where it is missing

@@ -96,3 +96,25 @@ def k2_drafter_tensors() -> dict[str, tuple[str, list[int]]]:
         "d2t": ("I64", [32000]),
         "t2d": ("BOOL", [163840]),
     }
+
+
+def random_samples(model, lengths: list[int], prompts: list[int], seed: int = 0) -> list:
+    """Random samples for `model`: each a prompt (context, never a target) of `prompts[i]` tokens, then the reply."""
+    from drafter.data.dataset import Sample
+
+    g = torch.Generator().manual_seed(seed)
+    cfg = model.config
+    out = []
+    for n, p in zip(lengths, prompts, strict=True):
+        loss_mask = torch.zeros(n, dtype=torch.bool)
+        loss_mask[p:] = True  # the prompt first, then the reply
+        out.append(
+            Sample(
+                input_ids=torch.randint(0, cfg.vocab_size, (n,), generator=g),
+                loss_mask=loss_mask,
+                aux_hidden=torch.randn(n, 3 * cfg.target_hidden, generator=g),
+                last_hidden=torch.randn(n, cfg.hidden_size, generator=g),
+                target_token=torch.randint(0, cfg.vocab_size, (n,), generator=g),
+            )
+        )
+    return out
