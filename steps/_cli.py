@@ -16,7 +16,6 @@ import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from common import failpoints
 from common.errors import INTERNAL_ERROR, BadInput, DrafterOpsError
@@ -49,15 +48,6 @@ def write_traceback(name: str, text: str) -> Path | None:
         return path
     except OSError:
         return None
-
-
-NOT_GIVEN = ("", "none", "None", "auto")
-
-
-def none_if_empty(value: str | None) -> str | None:
-    """MLproject parameters cannot be absent: the words `auto` (worked out by the step) and `none`
-    (not used) stand for 'not given', so that no run shows an empty parameter."""
-    return value if value not in (None, *NOT_GIVEN) else None
 
 
 def configure_mlflow() -> None:
@@ -237,18 +227,6 @@ def _same(a: str, b: str) -> bool:
         return a == b
 
 
-def log_figure(fig, artifact_file: str) -> None:
-    """`mlflow.log_figure`, then the figure closed: pyplot keeps every figure it made until it is closed."""
-    import mlflow
-
-    from reports.plotting import pyplot
-
-    try:
-        mlflow.log_figure(fig, artifact_file)
-    finally:
-        pyplot().close(fig)
-
-
 def log_params(effective: dict[str, object]) -> None:
     """Each parameter as asked (`mlflow run` logs the entry point's own before the step starts, and
     MLflow refuses to change a param) and, where the step worked it out (`auto`, a relative path, a
@@ -267,11 +245,3 @@ def log_params(effective: dict[str, object]) -> None:
             fresh[f"resolved.{key}"] = value
     if fresh:
         mlflow.log_params(fresh)
-
-
-def run_label(mv: Any, target: str) -> str:
-    """A version as a run's name gives it: `v3` in the target's own model, `ls-mini-eagle3-mla v1` in another
-    (a bake-off's public drafters), so that no two steps' runs share a name."""
-    from registry.access import naming
-
-    return f"v{mv.version}" if mv.name == naming.model_name_for(target) else f"{mv.name} v{mv.version}"

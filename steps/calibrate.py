@@ -20,14 +20,11 @@ from typing import Any
 
 from common import metric_names as names
 from common.errors import BadInput, InternalError
-from steps._cli import (
-    log_figure,
-    log_params,
-    none_if_empty,
-    run_step,
-    step_run,
-)
-from steps._inputs import MAX_CONCURRENCY, MAX_ROUNDS, integer, integers, require_fit, resolve_model
+from common.values import MAX_CONCURRENCY, MAX_ROUNDS, integer, integers, none_if_empty
+from drafter.analysis.compat import require_fit
+from registry.access.resolve import resolve_model
+from reports.plotting import log_figure
+from steps._cli import log_params, run_step, step_run
 from steps._params import Param, Spec
 
 SPEC = Spec(

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import BadInput, GateRefused, InternalError
-from steps._cli import log_figure, log_params, remember_asked, run_link, run_step, step_run
+from reports.plotting import log_figure
+from steps._cli import log_params, remember_asked, run_link, run_step, step_run
 from steps._params import Param, Spec
 
 SPEC = Spec(

@@ -10,10 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from common import metric_names as names
 from common.errors import BadInput
+from common.values import MAX_CONCURRENCY, MAX_ROUNDS, integer, none_if_empty, number
+from drafter.analysis.compat import require_fit
+from registry.access.naming import run_label
+from registry.access.resolve import resolve_model
 from registry.ledger.evidence import record as ev_record
 from registry.ledger.evidence import verify as ev_verify
 from reports.acceptance import acceptance_figure, break_even_figure
 from reports.operating import depth_sentences, operating_metrics, served_vs_predicted
+from reports.plotting import log_figure
 from reports.workload import (
     MeasuredClass,
     by_class,
@@ -29,8 +34,7 @@ from reports.workload import (
 from serving.cost import break_even_accept_len
 from serving.profile import BOUNDS, Profile, load_profile
 from serving.workload import context_figures
-from steps._cli import log_figure, log_params, none_if_empty, run_label, run_step, step_run
-from steps._inputs import MAX_CONCURRENCY, MAX_ROUNDS, integer, number, require_fit, resolve_model
+from steps._cli import log_params, run_step, step_run
 from steps._params import Param, Spec
 
 if TYPE_CHECKING:

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import BadInput
-from steps._cli import log_params, none_if_empty, run_step, step_run
-from steps._inputs import draft_depth, require_fit
+from common.values import draft_depth, none_if_empty
+from drafter.analysis.compat import require_fit
+from steps._cli import log_params, run_step, step_run
 from steps._params import Param, Spec
 
 SERVING = ("production", "staging")

@@ -12,11 +12,11 @@ import os
 from typing import Any
 
 from common.errors import BadInput
+from common.values import integer, none_if_empty
 from drafter.analysis.memory_plan import GIB
 from drafter.train.loop import TrainConfig
 from registry.access.naming import TAG_REPLIES
-from steps._cli import log_params, none_if_empty, run_step, step_run
-from steps._inputs import integer
+from steps._cli import log_params, run_step, step_run
 from steps._params import Param, Spec
 from tuning.outcome import counted_trials, verdict
 from tuning.recipe import FinetuneRequest

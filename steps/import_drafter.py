@@ -9,13 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import BadInput
+from common.values import none_if_empty
 from drafter.formats.checkpoint import header_problems, load_config, read_header
 from drafter.formats.layouts import detect, family_of
 from drafter.formats.speculators import verifier_of
 from drafter.model.config import read_json
 from registry.access import naming
 from registry.access.resolve import HUB_DRAFTER_FILES, parse_hub_ref
-from steps._cli import log_params, none_if_empty, run_step, step_run
+from steps._cli import log_params, run_step, step_run
 from steps._params import Param, Spec
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")

@@ -22,7 +22,8 @@ from typing import Any
 from common import metric_names as names
 from common.errors import INTERNAL_ERROR, BadInput, DrafterOpsError, GateRefused
 from common.paths import MINIWORLD
-from steps._cli import log_figure, log_params, run_link, run_step, step_run
+from reports.plotting import log_figure
+from steps._cli import log_params, run_link, run_step, step_run
 from steps._params import Param, Spec
 
 ROOT = Path(__file__).resolve().parent.parent

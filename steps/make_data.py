@@ -15,6 +15,7 @@ from typing import Any
 
 from common.errors import BadInput
 from common.prompt_files import file_digest, read_prompts
+from common.values import none_if_empty
 from drafter.data.capture import TargetFacts, bytes_per_token, capture, plan_capture
 from drafter.data.dataset import INDEX, PARTIAL, REGENERATED, preflight
 from drafter.data.regenerate import count_changes, regenerate
@@ -22,7 +23,7 @@ from drafter.model.config import TargetConfig
 from drafter.model.target import check_layer_ids, load_target, load_tokenizer, resolve_local, target_precision
 from engines.environment import find_python
 from serving.workload import prompt_key
-from steps._cli import log_params, none_if_empty, run_step, step_run
+from steps._cli import log_params, run_step, step_run
 from steps._params import Param, Spec
 
 SPEC = Spec(

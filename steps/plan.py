@@ -6,9 +6,10 @@ import argparse
 
 from common import metric_names as names
 from common.errors import BadInput
+from common.values import none_if_empty
 from serving.cost import break_even_accept_len, plan_table
 from serving.profile import Profile, load_profile
-from steps._cli import log_params, none_if_empty, run_step, step_run
+from steps._cli import log_params, run_step, step_run
 from steps._params import Param, Spec
 
 DEFAULT_TPS = "82,100,150,200"

@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import BadInput
+from common.values import integer, none_if_empty
+from registry.access.resolve import resolve_model
+from reports.plotting import log_figure
 from serving.profile import load_profile
-from steps._cli import log_figure, log_params, none_if_empty, run_step, step_run
-from steps._inputs import integer, resolve_model
+from steps._cli import log_params, run_step, step_run
 from steps._params import Param, Spec
 
 SPEC = Spec(

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import BadInput, InternalError
+from common.values import number
 from serving.profile import load_profile
 from steps._cli import log_params, run_step, step_run
-from steps._inputs import number
 from steps._params import Param, Spec
 
 SPEC = Spec(

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import BadInput
+from common.values import number
 from serving.profile import load_profile
 from steps._cli import log_params, run_step, step_run
-from steps._inputs import number
 from steps._params import Param, Spec
 
 SPEC = Spec(
@@ -87,9 +87,9 @@ def parse(args: argparse.Namespace) -> Request:
     roles passes one key; a team passes the evaluator's with --evaluator_key."""
     from mlflow.exceptions import MlflowException
 
+    from common.values import none_if_empty
     from registry.access import naming, store
     from registry.ledger import signing
-    from steps._cli import none_if_empty
     from steps.evaluate import require_evaluator_key
     from steps.promote import require_promoter_key
 

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import BadInput
-from steps._cli import log_figure, log_params, none_if_empty, run_step, step_run
-from steps._inputs import integers
+from common.values import integers, none_if_empty
+from reports.plotting import log_figure
+from steps._cli import log_params, run_step, step_run
 from steps._params import Param, Spec
 
 SPEC = Spec(

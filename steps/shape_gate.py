@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.values import none_if_empty
 from drafter.analysis.compat import Check, check_compat, compare_drafters, drafter_facts, target_facts, verdict
-from steps._cli import log_params, none_if_empty, run_label, run_step, step_run
+from registry.access.naming import run_label
+from steps._cli import log_params, run_step, step_run
 from steps._params import Param, Spec
 
 SPEC = Spec(

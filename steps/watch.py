@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.errors import BadInput
+from common.values import none_if_empty, number
 from engines import endpoint, exposition
 from registry.ledger import watch as policy_
+from reports.plotting import log_figure
 from reports.watch import WatchHistory, watch_figure
 from serving import drift
 from serving.profile import load_profile
-from steps._cli import log_figure, log_params, none_if_empty, run_step, step_run
-from steps._inputs import number
+from steps._cli import log_params, run_step, step_run
 from steps._params import Param, Spec
 
 WINDOW = 10  # intervals pooled for the live accept_len held against break-even

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from steps._cli import _no_secrets, none_if_empty
+from common.values import none_if_empty
+from steps._cli import _no_secrets
 
 
 def test_a_storage_password_never_reaches_a_run():

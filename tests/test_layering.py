@@ -41,4 +41,4 @@ def test_no_torch_in_serving_reports_or_common_and_no_mlflow_in_drafter():
 
 def test_the_graph_sees_imports_inside_functions():
     """The check would pass vacuously if it missed the lazy imports most steps use."""
-    assert "registry.access.store" in graph()["steps._inputs"]
+    assert "registry.access.store" in graph()["registry.access.resolve"]

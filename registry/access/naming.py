@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from common.errors import BadInput
 
@@ -101,3 +102,9 @@ def same_target(a: str, b: str) -> bool:
     if pa.exists() and pb.exists():
         return pa.resolve() == pb.resolve()
     return a.rstrip("/") == b.rstrip("/")
+
+
+def run_label(mv: Any, target: str) -> str:
+    """A version as a run's name gives it: `v3` in the target's own model, `ls-mini-eagle3-mla v1` in another
+    (a bake-off's public drafters), so that no two steps' runs share a name."""
+    return f"v{mv.version}" if mv.name == model_name_for(target) else f"{mv.name} v{mv.version}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from common.errors import BadInput
 from registry.access.reference import DrafterRef
@@ -47,3 +48,13 @@ def resolve_drafter(ref: str, config_only: bool = False, revision: str | None = 
     if not (folder / "config.json").is_file():
         raise BadInput(f"{ref}: hub repository has no config.json")
     return DrafterRef(ref, folder, "hub", revision=folder.name)
+
+
+def resolve_model(model: str) -> tuple[Path, Any]:
+    """(drafter folder, ModelVersion or None): a registry URI through the store, a folder or hub id as is."""
+    if model.startswith("models:/"):
+        from registry.access import store  # only a registry URI needs the store, as in resolve_drafter
+
+        mv = store.get_version(model)
+        return store.download_version(f"models:/{mv.name}/{mv.version}").folder, mv
+    return resolve_drafter(model).folder, None

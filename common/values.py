@@ -1,14 +1,21 @@
-"""What steps read from their arguments, in one place: numbers and lists of numbers (checked, never
-rounded; bad input names the parameter), a model argument resolved to a drafter folder, and the check that
-a drafter fits a target before anything is measured with it."""
+"""What an entry point's parameters say, read as typed values in one place: the words MLproject passes for
+"not given" (`auto`, `none`), and numbers and lists of numbers (checked, never rounded; bad input names the
+parameter). The steps and the services under them (evaluation/, registry/) read their arguments with these."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
-from typing import Any
 
 from common.errors import BadInput
+
+NOT_GIVEN = ("", "none", "None", "auto")
+
+
+def none_if_empty(value: str | None) -> str | None:
+    """MLproject parameters cannot be absent: the words `auto` (worked out by the step) and `none`
+    (not used) stand for 'not given', so that no run shows an empty parameter."""
+    return value if value not in (None, *NOT_GIVEN) else None
+
 
 MAX_ROUNDS = 100  # served timing rounds: past this a measurement is hours, not a better figure
 MAX_CONCURRENCY = 64  # requests in flight a served measurement keeps
@@ -72,26 +79,3 @@ def draft_depth(value: str) -> int:
         return integer(value, "draft_steps", 1, MAX_DRAFT_STEPS)
     except BadInput:
         raise BadInput(f"--draft_steps must be a whole number from 1 to {MAX_DRAFT_STEPS}, got {value!r}") from None
-
-
-def resolve_model(model: str) -> tuple[Path, Any]:
-    """(drafter folder, ModelVersion or None): a registry URI through the store, a folder or hub id as is."""
-    if model.startswith("models:/"):
-        from registry.access import store
-
-        mv = store.get_version(model)
-        return store.download_version(f"models:/{mv.name}/{mv.version}").folder, mv
-    from registry.access.resolve import resolve_drafter
-
-    return resolve_drafter(model).folder, None
-
-
-def require_fit(folder: str | Path, target: str | Path, refusal: str) -> None:
-    """The shape gate's checks from headers: bad input (`refusal: what differs`) when the drafter cannot run
-    on the target, so nothing is measured or exported with a drafter that does not fit."""
-    from drafter.analysis.compat import check_compat, drafter_facts, passed, target_facts
-
-    checks = check_compat(drafter_facts(folder), target_facts(target))
-    if not passed(checks):
-        bad = "; ".join(f"{c.name}: expected {c.expected}, got {c.actual}" for c in checks if c.ok is False)
-        raise BadInput(f"{refusal}: {bad}")
