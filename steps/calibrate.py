@@ -21,8 +21,6 @@ from typing import Any
 from common import metric_names as names
 from common.errors import BadInput, InternalError
 from common.values import MAX_CONCURRENCY, MAX_ROUNDS, integer, integers, none_if_empty
-from drafter.analysis.compat import require_fit
-from registry.access.resolve import resolve_model
 from reports.plotting import log_figure
 from steps._cli import log_params, run_step, step_run
 from steps._params import Param, Spec
@@ -209,9 +207,11 @@ def time_launched(args, prompts, loads, s):
     """One plain server and one speculative server per depth, launched here."""
     import tempfile
 
+    from drafter.analysis.compat import require_fit
     from drafter.analysis.step_cost import folder_step_cost
     from drafter.formats.checkpoint import load_config
     from engines import calibration, environment, export
+    from registry.access.resolve import resolve_model
 
     depths = integers(args.draft_steps, "draft_steps", 1, MAX_CONCURRENCY)
     folder, mv = resolve_model(args.drafter)

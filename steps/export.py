@@ -17,7 +17,6 @@ from typing import Any
 
 from common.errors import BadInput
 from common.values import draft_depth, none_if_empty
-from drafter.analysis.compat import require_fit
 from steps._cli import log_params, run_step, step_run
 from steps._params import Param, Spec
 
@@ -74,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
 def parse(args: argparse.Namespace) -> tuple[Request, Any]:
     """The output folder (a plain, empty one whose name serve.sh can carry), the version and the serving alias it
     holds, its target (and the shape gate's pass against it), and the depth the promotion was decided at."""
+    from drafter.analysis.compat import require_fit
     from engines import export
     from registry.access import naming, store
     from registry.ledger import sanction

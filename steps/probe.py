@@ -13,7 +13,6 @@ from typing import Any
 
 from common.errors import BadInput
 from common.values import integer, none_if_empty
-from registry.access.resolve import resolve_model
 from reports.plotting import log_figure
 from serving.profile import load_profile
 from steps._cli import log_params, run_step, step_run
@@ -84,6 +83,7 @@ def measure(args: argparse.Namespace, profile: Any, limit: int, max_len: int) ->
     from drafter.formats.checkpoint import load_drafter
     from drafter.model.config import check_depth
     from drafter.train.loop import attach_target_embedding, check_fit, offline_stats
+    from registry.access.resolve import resolve_model
     from serving.cost import break_even_accept_len
 
     k = profile.draft_steps
