@@ -14,10 +14,10 @@ import json
 from pathlib import Path
 
 from common import metric_names as names
+from evaluation.measure import served_speedups
 from reports.operating import served_vs_predicted
 from serving.cost import break_even_accept_len
 from serving.profile import load_profile
-from steps.evaluate import served_speedups
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results"

@@ -14,7 +14,7 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from common import failpoints
@@ -118,6 +118,15 @@ def step_run(name: str, tags: dict[str, str] | None = None, run_name: str | None
         mlflow.end_run()
 
 
+@contextlib.contextmanager
+def open_run(name: str, run_name: str, params: Mapping[str, object], asked: Mapping[str, object]) -> Iterator[object]:
+    """The run a library service logs into (common/runs.OpenRun): this step's run, its params shown as asked."""
+    remember_asked(asked)
+    with step_run(name, run_name=run_name) as run:
+        log_params(dict(params))
+        yield run
+
+
 def project_experiment(c: object) -> str:
     """The experiment a step logs to: the user's (MLFLOW_EXPERIMENT_ID or _NAME), else `drafterops`,
     created as a model-training experiment so that MLflow 3 opens it in its runs view."""
@@ -171,7 +180,7 @@ def run_step(
 ) -> None:
     """Parse, run, and exit with the contract's code; errors are one line on stderr, no traceback."""
     args = build().parse_args(argv)
-    remember_asked(args)
+    remember_asked(vars(args))
     configure_mlflow()
     try:
         code = body(args) or 0
@@ -197,10 +206,10 @@ def run_step(
     sys.exit(code)
 
 
-def remember_asked(args: argparse.Namespace) -> None:
+def remember_asked(asked: Mapping[str, object]) -> None:
     """The arguments as given, for the params of the step run that follows."""
     _ASKED.clear()
-    _ASKED.update({k: v for k, v in vars(args).items() if isinstance(v, str)})
+    _ASKED.update({k: v for k, v in asked.items() if isinstance(v, str)})
 
 
 def _record_exit_code(code: int) -> None:

@@ -76,6 +76,15 @@ class Spec:
             param.add_to(p)
         return p
 
+    def asked(self, **given: object) -> dict[str, object]:
+        """The step's parameters as a service is asked them from another step: each at its default (by its
+        argparse name, a path in the repository absolute), the `given` ones over them."""
+        values = {p.dest or p.name.replace("-", "_"): p.off if p.flag else p.effective for p in self.params}
+        unknown = set(given) - set(values)
+        if unknown:
+            raise TypeError(f"{self.name} has no parameter {', '.join(sorted(unknown))}")
+        return values | given
+
     @property
     def project(self) -> tuple[Param, ...]:
         """The parameters an MLproject entry point passes."""

@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import BadInput, GateRefused, InternalError
+from evaluation.request import Asked
+from evaluation.service import evaluate
 from reports.plotting import log_figure
-from steps._cli import log_params, remember_asked, run_link, run_step, step_run
-from steps._params import Param, Spec
+from steps._cli import log_params, open_run, remember_asked, run_link, run_step, step_run
+from steps._params import Param, Spec, spec
 
 SPEC = Spec(
     "compare",
@@ -123,9 +125,9 @@ def run(args: argparse.Namespace) -> int:
 def parse(args: argparse.Namespace, c: Any, tmp: Path) -> Request:
     """The profile, its deployment, every candidate found (registered, or staged for import) and told apart,
     and the keys the bake-off will sign with."""
+    from evaluation.request import require_evaluator_key
     from registry.ledger.deployment import check_target, deployment
     from serving.profile import load_profile
-    from steps.evaluate import require_evaluator_key
     from steps.promote import require_promoter_key
 
     profile = load_profile(args.profile)
@@ -295,19 +297,18 @@ def flag_contaminated(c: Any, request: Request, gated: list[Candidate]) -> None:
 
 
 def measure(c: Any, request: Request, gated: list[Candidate]) -> None:
-    """`evaluate` itself (its run nested here, its signed record) for each candidate without valid evidence."""
+    """The evaluation service (its run nested here, its signed record) for each candidate without valid evidence,
+    asked as `evaluate` would be with the profile's settings on the bake-off's engine."""
     from registry.ledger.bakeoff import reusable_record
-    from steps import evaluate
 
     for cand in gated:
         if cand.record is not None:
             print(f"compare: {cand.label} reuses evaluation run {cand.record.run_id}")
             continue
-        argv = ["--model", f"models:/{cand.mv.name}/{cand.mv.version}", "--target", request.dep.target,
-                "--profile", request.args.profile, "--engine", request.engine]  # fmt: skip
-        args = evaluate.build().parse_args(argv + ([] if request.args.progress else ["--no-progress"]))
-        remember_asked(args)
-        evaluate.run(args)
+        asked = spec("evaluate").asked(model=f"models:/{cand.mv.name}/{cand.mv.version}", target=request.dep.target,
+                                       profile=request.args.profile, engine=request.engine,
+                                       progress=request.args.progress)  # fmt: skip
+        evaluate(Asked(**asked), open_run)
         cand.record = reusable_record(c, cand.mv, request.profile, request.dep, request.engine)
         if cand.record is None:
             raise InternalError(f"evaluate measured {cand.label} but left no record that stands for "

@@ -16,9 +16,11 @@ from typing import Any
 
 from common.errors import BadInput
 from common.values import number
+from evaluation.request import Asked
+from evaluation.service import evaluate
 from serving.profile import load_profile
-from steps._cli import log_params, run_step, step_run
-from steps._params import Param, Spec
+from steps._cli import log_params, open_run, run_step, step_run
+from steps._params import Param, Spec, spec
 
 SPEC = Spec(
     "recertify",
@@ -88,9 +90,9 @@ def parse(args: argparse.Namespace) -> Request:
     from mlflow.exceptions import MlflowException
 
     from common.values import none_if_empty
+    from evaluation.request import require_evaluator_key
     from registry.access import naming, store
     from registry.ledger import signing
-    from steps.evaluate import require_evaluator_key
     from steps.promote import require_promoter_key
 
     naming.check_name(args.model, "--model")
@@ -184,14 +186,11 @@ def current_engine_version(engine: str) -> str:
 
 
 def evaluate_again(r: Request, mv: Any, target: str) -> None:
-    """The holder evaluated on today's conditions by `evaluate` itself (its own run and signed record)."""
-    from steps import _cli, evaluate
-
-    argv = ["--model", f"models:/{mv.name}/{mv.version}", "--target", target, "--profile", r.profile_arg,
-            "--engine", r.engine, "--no-progress"]  # fmt: skip
-    args = evaluate.build().parse_args(argv)
-    _cli.remember_asked(args)  # its run shows what it was asked, not what recertify was
-    evaluate.run(args)
+    """The holder evaluated on today's conditions by the evaluation service (its own run and signed record),
+    asked as `evaluate` would be: its run shows what it was asked, not what recertify was."""
+    asked = spec("evaluate").asked(model=f"models:/{mv.name}/{mv.version}", target=target, profile=r.profile_arg,
+                                   engine=r.engine, progress=False)  # fmt: skip
+    evaluate(Asked(**asked), open_run)
 
 
 def publish(c: Any, r: Request, o: Outcome) -> None:

@@ -175,13 +175,12 @@ def test_auto_precision_is_the_one_the_deployment_serves_its_target_at(tmp_path)
     the target's own bf16; another target, or --dtype, keeps its own; host-vllm as shipped is unsigned, so
     read as hand-written: the target's own."""
     import re
-    from argparse import Namespace
     from types import SimpleNamespace
 
     from drafter.analysis.fingerprint import target_digest
+    from evaluation.conditions import deployment_target, measuring_precision
     from serving.profile import load_profile
     from steps.calibrate import write_profile
-    from steps.evaluate import deployment_target, measuring_precision
 
     mini = str(ROOT / "miniworld" / "k2.5-mini")
     text = (ROOT / "configs" / "profiles" / "host-vllm.yaml").read_text()
@@ -189,7 +188,7 @@ def test_auto_precision_is_the_one_the_deployment_serves_its_target_at(tmp_path)
     write_profile(tmp_path / "cal.yaml", text.replace("target: ../../miniworld/k2.5-mini", f"target: {mini}"))
 
     def precision(profile: str, dtype: str = "auto", target: str = mini) -> str:
-        request = SimpleNamespace(args=Namespace(dtype=dtype, target=target), profile=load_profile(profile))
+        request = SimpleNamespace(asked=SimpleNamespace(dtype=dtype, target=target), profile=load_profile(profile))
         return measuring_precision(request, *deployment_target(request))
 
     cal = str(tmp_path / "cal.yaml")

@@ -14,7 +14,8 @@ ALLOWED = {
     "engines": {"common", "serving", "drafter"},
     "registry": {"common", "serving", "drafter"},
     "tuning": {"common", "serving", "reports", "drafter", "registry"},
-    "steps": {"common", "serving", "reports", "drafter", "engines", "registry", "tuning"},
+    "evaluation": {"common", "serving", "reports", "drafter", "engines", "registry"},
+    "steps": {"common", "serving", "reports", "drafter", "engines", "registry", "tuning", "evaluation"},
     "miniworld": {"common", "drafter"},
 }
 
