@@ -29,17 +29,23 @@ def vllm_python() -> Path:
     return environment.create("vllm")
 
 
-def _traffic(url: str, stop: threading.Event, seed: int) -> None:
-    """Requests one after another until told to stop (a server down between two is waited for)."""
+def _prompts() -> list[list[int]]:
+    """The code class's prompts as token ids, encoded once before the traffic threads start (transformers'
+    lazy imports are not safe to race from two threads)."""
     from transformers import AutoTokenizer
 
     from drafter.decode.evaluation import encode_prompts
-    from engines import vllm as engine
     from serving.profile import load_profile
 
     tok = AutoTokenizer.from_pretrained(ROOT / "miniworld" / "k2.5-mini")
     records = load_profile("kimi-k2.5-8xrtxpro6000").traffic_class("code").records()
-    prompts = [p.tolist() for p in encode_prompts(tok, records, 1024, 48, 3)[0]]
+    return [p.tolist() for p in encode_prompts(tok, records, 1024, 48, 3)[0]]
+
+
+def _traffic(url: str, prompts: list[list[int]], stop: threading.Event, seed: int) -> None:
+    """Requests one after another until told to stop (a server down between two is waited for)."""
+    from engines import vllm as engine
+
     i = seed
     while not stop.is_set():
         try:
@@ -54,7 +60,7 @@ def test_the_watch_detects_the_drop_a_restart_on_other_weights_brings_and_demote
 
     from engines.export import served_target
     from engines.server import ManagedServer, free_port
-    from registry.ledger import audit, sanction
+    from registry.ledger import audit, sanction, succession
     from tests.helpers.targets import same_shapes_other_weights
 
     src, _cmd, env, first = main_job
@@ -65,7 +71,12 @@ def test_the_watch_detects_the_drop_a_restart_on_other_weights_brings_and_demote
     version = str(c.get_model_version_by_alias(NAME, "candidate").version)
     with pytest.MonkeyPatch.context() as mp:  # production sanctioned as promote would (the rule is not under test)
         mp.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
-        audit.move_alias(c, NAME, "production", version, "the watch's test holder", by_promote=True)
+
+        def head() -> str:
+            return sanction.holder(c, NAME, "production").head
+
+        with succession.next_link(c, NAME, "production", head(), head) as claim:
+            audit.move_alias(c, NAME, "production", version, "the watch's test holder", by_promote=True, claim=claim)
     assert sanction.holder(c, NAME, "production").version == version
     out = tmp_path / "export"
     done = subprocess.run([sys.executable, "-m", "steps.export", "--model", f"models:/{NAME}@production", "--engine",
@@ -85,10 +96,11 @@ def test_the_watch_detects_the_drop_a_restart_on_other_weights_brings_and_demote
     stop = threading.Event()
     lines: list[str] = []
     watch = None
+    prompts = _prompts()
     first_server = server(None, "serve-1.log")
     first_server.start()
     try:
-        workers = [threading.Thread(target=_traffic, args=(url, stop, s), daemon=True) for s in (0, 1)]
+        workers = [threading.Thread(target=_traffic, args=(url, prompts, stop, s), daemon=True) for s in (0, 1)]
         for w in workers:
             w.start()
         time.sleep(3)
@@ -129,6 +141,8 @@ def test_the_watch_detects_the_drop_a_restart_on_other_weights_brings_and_demote
 
 def _screenshot(folder: Path, run) -> None:
     """The watch's run in the MLflow UI, as a person opens it: its figure on the run's artifacts tab."""
+    from selenium.webdriver.common.by import By
+
     from tests.helpers.browser import CHROMIUM, DRIVER, browser_on, close_assistant, page_text, shots
 
     if not (CHROMIUM and DRIVER):
@@ -137,9 +151,11 @@ def _screenshot(folder: Path, run) -> None:
         exp, rid = run.info.experiment_id, run.info.run_id
         page_text(browser, f"{base}/#/experiments/{exp}/runs/{rid}", "watch")
         close_assistant(browser)
-        browser.get(f"{base}/#/experiments/{exp}/runs/{rid}/artifacts?path=watch.png")
-        time.sleep(4)
+        browser.get(f"{base}/#/experiments/{exp}/runs/{rid}/artifacts?workflowType=machine_learning")
+        time.sleep(3)
+        browser.find_element(By.XPATH, "//*[text()='watch.png']").click()  # its preview, as a person opens it
+        time.sleep(3)
         browser.save_screenshot(str(shots() / "watch_run.png"))
-        browser.get(f"{base}/#/experiments/{exp}/runs/{rid}/model-metrics")
+        browser.get(f"{base}/#/experiments/{exp}/runs/{rid}/model-metrics?workflowType=machine_learning")
         time.sleep(4)
         browser.save_screenshot(str(shots() / "watch_metrics.png"))
