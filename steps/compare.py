@@ -206,7 +206,7 @@ def register(request: Request, gated: list[Candidate]) -> None:
         args = import_drafter.build().parse_args(
             ["--source", cand.arg, "--target", request.dep.target, "--name", import_name(cand.arg)]
         )
-        remember_asked(args)
+        remember_asked(vars(args))
         done = import_drafter.register(args, s.folder, s.header, s.converted, s.source_tag, s.commit)
         cand.mv = store.client().get_model_version(done.name, done.version)
         print(f"compare: {cand.arg} imported as models:/{done.name}/{done.version}")
@@ -271,7 +271,7 @@ def shape_gate_of(cand: Candidate, request: Request, where: str, publish: bool) 
     from steps import shape_gate
 
     args = shape_gate.build().parse_args(["--model", where, "--target", request.dep.target])
-    remember_asked(args)
+    remember_asked(vars(args))
     result = shape_gate.measure(args)
     if publish:
         shape_gate.publish(args, result, " (bake-off)")
@@ -401,7 +401,7 @@ def promote_winner(cand: Candidate, request: Request) -> int:
 
     args = promote.build().parse_args(["--model", f"models:/{cand.mv.name}/{cand.mv.version}",
                                        "--profile", request.args.profile, "--stage", "production"])  # fmt: skip
-    remember_asked(args)
+    remember_asked(vars(args))
     return promote.run(args)
 
 
