@@ -268,13 +268,12 @@ def gate(request: Request) -> list[Candidate]:
 def shape_gate_of(cand: Candidate, request: Request, where: str, publish: bool) -> Any:
     """The shape gate of one candidate (`where`: its registry URI or staged folder); its run and, for a version,
     its tags when `publish`."""
-    from steps import shape_gate
+    from pipeline import gate as shape_gate
 
-    args = shape_gate.build().parse_args(["--model", where, "--target", request.dep.target])
-    remember_asked(vars(args))
-    result = shape_gate.measure(args)
+    result = shape_gate.measure(where, request.dep.target)
     if publish:
-        shape_gate.publish(args, result, " (bake-off)")
+        shape_gate.publish(result, open_run, spec("shape_gate").asked(model=where, target=request.dep.target),
+                           " (bake-off)")  # fmt: skip
     cand.gate = result.result
     return result
 
