@@ -18,7 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.errors import BadInput, GateRefused, InternalError
 from evaluation.request import Asked
@@ -26,6 +26,9 @@ from evaluation.service import evaluate
 from reports.plotting import log_figure
 from steps._cli import log_params, open_run, remember_asked, run_link, run_step, step_run
 from steps._params import Param, Spec, spec
+
+if TYPE_CHECKING:
+    from pipeline.importing import Staged
 
 SPEC = Spec(
     "compare",
@@ -60,22 +63,11 @@ def build() -> argparse.ArgumentParser:
 
 
 @dataclass
-class Staged:
-    """A candidate to import: the folder in the project's layout and what import_drafter read from it."""
-
-    folder: Path
-    header: dict
-    converted: dict[str, str]
-    source_tag: str
-    commit: str | None
-
-
-@dataclass
 class Candidate:
     arg: str  # as given
     sha: str  # its identity by content (registry.access.identity): the same drafter named twice is one candidate
     mv: Any = None  # the registered version (after import, for a folder or hub id)
-    staged: Staged | None = None
+    staged: Staged | None = None  # to import once it passes the gate
     record: Any = None  # the evidence record it is ranked on
     evaluated: bool = False  # measured by this compare (else reused)
     gate: str = ""
@@ -173,15 +165,12 @@ def find(c: Any, name: str, target: str, tmp: Path) -> Candidate:
     if name.startswith("models:/"):
         mv = store.get_version(name, c)
         return Candidate(name, version_identity(c, mv), mv)
-    from steps import import_drafter
+    from pipeline.importing import stage
 
-    folder, source_tag, commit = import_drafter.fetch(name, None)
-    folder, converted = import_drafter.project_layout(folder, tmp, False)
-    header = import_drafter.checked_header(folder)
-    identity = content_identity(folder)
+    staged = stage(name, None, tmp)
+    identity = content_identity(staged.folder)
     mv = find_by_content(c, [import_name(name), naming.model_name_for(target)], identity)
-    return Candidate(name, identity, mv, None if mv is not None else Staged(folder, header, converted, source_tag,
-                                                                              commit))  # fmt: skip
+    return Candidate(name, identity, mv, None if mv is not None else staged)
 
 
 def import_name(source: str) -> str:
@@ -196,18 +185,15 @@ def import_name(source: str) -> str:
 def register(request: Request, gated: list[Candidate]) -> None:
     """Import each staged candidate that passed the gate with import_drafter's own registration (a nested run,
     alias `imported`), under its own model name (import_name), then record its gate on the new version."""
+    from pipeline.importing import register as import_
     from registry.access import store
-    from steps import import_drafter
 
     for cand in gated:
         if cand.staged is None:
             continue
-        s = cand.staged
-        args = import_drafter.build().parse_args(
-            ["--source", cand.arg, "--target", request.dep.target, "--name", import_name(cand.arg)]
-        )
-        remember_asked(vars(args))
-        done = import_drafter.register(args, s.folder, s.header, s.converted, s.source_tag, s.commit)
+        name = import_name(cand.arg)
+        asked = spec("import_drafter").asked(source=cand.arg, target=request.dep.target, name=name)
+        done = import_(cand.staged, cand.arg, request.dep.target, open_run, asked, name)
         cand.mv = store.client().get_model_version(done.name, done.version)
         print(f"compare: {cand.arg} imported as models:/{done.name}/{done.version}")
         shape_gate_of(cand, request, f"models:/{done.name}/{done.version}", publish=True)
