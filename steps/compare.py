@@ -24,7 +24,7 @@ from common.errors import BadInput, GateRefused, InternalError
 from evaluation.request import Asked
 from evaluation.service import evaluate
 from reports.plotting import log_figure
-from steps._cli import log_params, open_run, remember_asked, run_link, run_step, step_run
+from steps._cli import log_params, open_run, run_link, run_step, step_run
 from steps._params import Param, Spec, spec
 
 if TYPE_CHECKING:
@@ -118,9 +118,9 @@ def parse(args: argparse.Namespace, c: Any, tmp: Path) -> Request:
     """The profile, its deployment, every candidate found (registered, or staged for import) and told apart,
     and the keys the bake-off will sign with."""
     from evaluation.request import require_evaluator_key
+    from pipeline.promotion import require_promoter_key
     from registry.ledger.deployment import check_target, deployment
     from serving.profile import load_profile
-    from steps.promote import require_promoter_key
 
     profile = load_profile(args.profile)
     names = [x.strip() for x in str(args.candidates).split(",")]
@@ -382,12 +382,12 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
 
 def promote_winner(cand: Candidate, request: Request) -> int:
     """The promotion rule, as `promote` applies it (its own run, audit line and sanction): 0 promoted, 1 refused."""
-    from steps import promote
+    from pipeline import promotion
 
-    args = promote.build().parse_args(["--model", f"models:/{cand.mv.name}/{cand.mv.version}",
-                                       "--profile", request.args.profile, "--stage", "production"])  # fmt: skip
-    remember_asked(vars(args))
-    return promote.run(args)
+    asked = spec("promote").asked(model=f"models:/{cand.mv.name}/{cand.mv.version}", profile=request.args.profile,
+                                  stage="production")  # fmt: skip
+    terms = promotion.check(asked["model"], asked["profile"], asked["stage"], asked["margin"])
+    return promotion.promote(terms, open_run, asked)
 
 
 def compare_runs_link(c: Any, run_ids: list[str]) -> str:

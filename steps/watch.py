@@ -119,9 +119,9 @@ def run(args: argparse.Namespace) -> int:
 
 def setup(c: Any, args: argparse.Namespace) -> State:
     """What is watched and by what rule; bad input (exit 2) before anything is read twice."""
+    from pipeline.promotion import require_promoter_key
     from registry.access import naming
     from registry.ledger import sanction
-    from steps.promote import require_promoter_key
 
     naming.check_name(args.model, "--model")
     profile = load_profile(args.profile)
@@ -166,7 +166,7 @@ def setup(c: Any, args: argparse.Namespace) -> State:
 def served_depth(c: Any, args: argparse.Namespace, held: Any) -> int:
     if none_if_empty(args.draft_steps) is not None:
         return int(number(args.draft_steps, "draft_steps", 1, 64, "a whole number of draft tokens"))
-    from steps.export import decision_of
+    from pipeline.promotion import decision_of
 
     _, k = decision_of(c, args.model, [args.alias])
     if not k:
