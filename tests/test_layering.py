@@ -15,7 +15,7 @@ ALLOWED = {
     "registry": {"common", "serving", "drafter"},
     "tuning": {"common", "serving", "reports", "drafter", "registry"},
     "evaluation": {"common", "serving", "reports", "drafter", "engines", "registry"},
-    "pipeline": {"common", "serving", "reports", "drafter", "engines", "registry"},
+    "pipeline": {"common", "serving", "reports", "drafter", "engines", "registry", "evaluation"},
     "steps": {"common", "serving", "reports", "drafter", "engines", "registry", "tuning", "evaluation", "pipeline"},
     "miniworld": {"common", "drafter"},
 }
