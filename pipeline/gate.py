@@ -10,20 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from common.runs import OpenRun
-from drafter.analysis.compat import Check, check_compat, compare_drafters, drafter_facts, target_facts, verdict
+from drafter.analysis.compat import check_compat, compare_drafters, drafter_facts, target_facts, verdict
 from registry.access.naming import run_label
-
-
-def table(checks: list[Check]) -> str:
-    lines = ["| check | expected | actual | verdict |", "|---|---|---|---|"]
-    lines += [f"| {c.name} | {c.expected} | {c.actual} | {c.verdict} |" for c in checks]
-    return "\n".join(lines)
-
-
-def comparison_table(rows, a: str, b: str) -> str:
-    lines = [f"| tensor | {a} | {b} | match |", "|---|---|---|---|"]
-    lines += [f"| {name} | {x} | {y} | {m} |" for name, x, y, m in rows]
-    return "\n".join(lines)
+from reports.gate import comparison_table, section, table
 
 
 def engine_table(aux_ids: list[int], num_layers: int | None) -> tuple[str, list[dict]]:
@@ -54,10 +43,6 @@ def facts_for(ref: str):
         facts.source = f"models:/{mv.name}/{mv.version}"
         return facts, mv
     return drafter_facts(ref), None
-
-
-def section(target: str, result: str, md: str) -> str:
-    return f"## Shape gate vs `{target}`: {result}\n\n{md}\n"
 
 
 @dataclass

@@ -15,6 +15,7 @@ from typing import Any
 from common.errors import BadInput, InternalError
 from common.runs import OpenRun
 from common.values import number
+from reports.promotion import verdict
 from serving.profile import Profile, load_profile
 
 
@@ -213,20 +214,6 @@ def gap_metrics(ev) -> dict[str, float]:
     if ev.ci_low is not None:
         out |= {"accept_len_ci_low": ev.ci_low, "ci_low_shortfall": be - ev.ci_low}
     return out
-
-
-def verdict(version: str, stage: str, decision, ev) -> str:
-    """The run's first sentence: what was decided and by how much, before the table of rules."""
-    be = ev.break_even
-    if decision.allowed:
-        by = (
-            f": accept_len_ci_low {ev.ci_low:.3f} clears break-even {be:.3f} by {ev.ci_low - be:.3f}"
-            if (ev.ci_low is not None and be is not None and stage == "production")
-            else ""
-        )
-        return f"**Promoted v{version} to {stage}**{by}."
-    failed = "; ".join(r.detail for r in decision.reasons if not r.ok)
-    return f"**Refused v{version} for {stage}**: {failed}."
 
 
 def recommended_depth(profile, ev) -> str:
