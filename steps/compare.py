@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import re
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.errors import BadInput, GateRefused, InternalError
-from evaluation.request import Asked
-from evaluation.service import evaluate
+from common.errors import BadInput
+from pipeline import bakeoff
+from pipeline.bakeoff import Candidate, Outcome, Request, find, incumbents
 from reports.plotting import log_figure
-from steps._cli import log_params, open_run, remember_asked, run_link, run_step, step_run
+from steps._cli import log_params, open_run, run_link, run_step, step_run
 from steps._params import Param, Spec, spec
 
 SPEC = Spec(
@@ -59,45 +56,6 @@ def build() -> argparse.ArgumentParser:
     return SPEC.parser()
 
 
-@dataclass
-class Staged:
-    """A candidate to import: the folder in the project's layout and what import_drafter read from it."""
-
-    folder: Path
-    header: dict
-    converted: dict[str, str]
-    source_tag: str
-    commit: str | None
-
-
-@dataclass
-class Candidate:
-    arg: str  # as given
-    sha: str  # its identity by content (registry.access.identity): the same drafter named twice is one candidate
-    mv: Any = None  # the registered version (after import, for a folder or hub id)
-    staged: Staged | None = None
-    record: Any = None  # the evidence record it is ranked on
-    evaluated: bool = False  # measured by this compare (else reused)
-    gate: str = ""
-    incumbent: bool = False  # production's holder (named, or added to be compared with)
-    named: bool = False  # its label names the registered model too (candidates of several models)
-    flag: str = ""  # why it can never be the winner (trained on the pinned prompts, lineage unknown)
-
-    @property
-    def label(self) -> str:
-        return f"{self.mv.name}/v{self.mv.version}" if self.named else f"v{self.mv.version}"
-
-
-@dataclass
-class Request:
-    args: argparse.Namespace
-    profile: Any
-    dep: Any
-    engine: str
-    promote: bool
-    candidates: list[Candidate]
-
-
 def run(args: argparse.Namespace) -> int:
     from registry.access import store
 
@@ -109,11 +67,7 @@ def run(args: argparse.Namespace) -> int:
         with step_run("compare", run_name=f"compare {len(request.candidates)} drafters @ {request.profile.name}"):
             log_params({"candidates": args.candidates, "profile": request.profile.name, "engine": request.engine,
                         "promote": "yes" if request.promote else "no"})  # fmt: skip
-            gated = gate(request)  # from headers, before anything is registered: a failure leaves no version
-            register(request, gated)
-            measure(c, request, gated)
-            flag_contaminated(c, request, gated)
-            outcome = decide(c, request, gated)
+            gated, outcome = bakeoff.bake_off(c, request)  # each service's run nested under this one
             outcome.seconds = time.perf_counter() - t0
             publish(request, gated, outcome)
     print(outcome.text)
@@ -126,9 +80,9 @@ def parse(args: argparse.Namespace, c: Any, tmp: Path) -> Request:
     """The profile, its deployment, every candidate found (registered, or staged for import) and told apart,
     and the keys the bake-off will sign with."""
     from evaluation.request import require_evaluator_key
+    from pipeline.promotion import require_promoter_key
     from registry.ledger.deployment import check_target, deployment
     from serving.profile import load_profile
-    from steps.promote import require_promoter_key
 
     profile = load_profile(args.profile)
     names = [x.strip() for x in str(args.candidates).split(",")]
@@ -160,257 +114,12 @@ def parse(args: argparse.Namespace, c: Any, tmp: Path) -> Request:
             cand.record = reusable_record(c, cand.mv, profile, dep, args.engine)
     if any(cand.record is None for cand in candidates):
         require_evaluator_key(profile)  # it will measure: a key whose records would count for nothing is refused
-    return Request(args, profile, dep, args.engine, promote, candidates)
+    return Request(args.profile, profile, dep, args.engine, promote, args.progress, candidates, open_run, asked_of)
 
 
-def find(c: Any, name: str, target: str, tmp: Path) -> Candidate:
-    """A registry URI as the version it names; a folder or hub id read as import_drafter reads it (layout,
-    headers against the config), matched to a registered version by content (the values of its tensors and its
-    config, registry.access.identity), never by a tag."""
-    from registry.access import naming, store
-    from registry.access.identity import content_identity, find_by_content, version_identity
-
-    if name.startswith("models:/"):
-        mv = store.get_version(name, c)
-        return Candidate(name, version_identity(c, mv), mv)
-    from steps import import_drafter
-
-    folder, source_tag, commit = import_drafter.fetch(name, None)
-    folder, converted = import_drafter.project_layout(folder, tmp, False)
-    header = import_drafter.checked_header(folder)
-    identity = content_identity(folder)
-    mv = find_by_content(c, [import_name(name), naming.model_name_for(target)], identity)
-    return Candidate(name, identity, mv, None if mv is not None else Staged(folder, header, converted, source_tag,
-                                                                              commit))  # fmt: skip
-
-
-def import_name(source: str) -> str:
-    """The registered model a bake-off imports a folder or hub id into: its own name (a public drafter is
-    its own model, never a version of the team's chain, whose `imported` alias stays where it is)."""
-    from registry.access import naming
-
-    base = re.sub(r"[^A-Za-z0-9._-]", "-", source.rstrip("/").split("@")[0].split("/")[-1]) or "drafter"
-    return naming.check_name(base.strip(".")[:128] or "drafter", "candidate")
-
-
-def register(request: Request, gated: list[Candidate]) -> None:
-    """Import each staged candidate that passed the gate with import_drafter's own registration (a nested run,
-    alias `imported`), under its own model name (import_name), then record its gate on the new version."""
-    from registry.access import store
-    from steps import import_drafter
-
-    for cand in gated:
-        if cand.staged is None:
-            continue
-        s = cand.staged
-        args = import_drafter.build().parse_args(
-            ["--source", cand.arg, "--target", request.dep.target, "--name", import_name(cand.arg)]
-        )
-        remember_asked(vars(args))
-        done = import_drafter.register(args, s.folder, s.header, s.converted, s.source_tag, s.commit)
-        cand.mv = store.client().get_model_version(done.name, done.version)
-        print(f"compare: {cand.arg} imported as models:/{done.name}/{done.version}")
-        shape_gate_of(cand, request, f"models:/{done.name}/{done.version}", publish=True)
-    several = len({cand.mv.name for cand in gated}) > 1
-    for cand in gated:
-        cand.named = several
-
-
-def incumbents(c: Any, candidates: list[Candidate], target: str) -> list[Candidate]:
-    """Production's sanctioned holder of each registered model the candidates belong to (as `promote` reads
-    it, from the signed chain): a candidate when named, else added to the bake-off, so every candidate is
-    compared with it, paired."""
-    from mlflow.exceptions import MlflowException
-
-    from registry.access import naming
-    from registry.ledger import sanction
-
-    added = []
-    names = {cand.mv.name if cand.mv is not None else naming.model_name_for(target) for cand in candidates}
-    for name in sorted(names):
-        try:
-            held = sanction.holder(c, name, "production").version
-        except MlflowException:  # no such registered model yet: its first import makes it
-            continue
-        if held is None:
-            continue
-        mine = [x for x in candidates if x.mv is not None and (x.mv.name, str(x.mv.version)) == (name, str(held))]
-        if mine:
-            mine[0].incumbent = True
-            continue
-        mv = c.get_model_version(name, held)
-        added.append(Candidate(f"models:/{name}@production", mv.tags.get(naming.TAG_SHA256) or f"{name}/{held}", mv,
-                               incumbent=True))  # fmt: skip
-    return added
-
-
-def gate(request: Request) -> list[Candidate]:
-    """Every candidate through the shape gate against the profile's target, from headers: a registered one on
-    its version (its run and version tags), a folder or hub id on its staged files, before anything is
-    registered (a candidate that fails leaves no version behind). The ones that fail leave the bake-off, said
-    on the terminal."""
-    passed = []
-    for cand in request.candidates:
-        staged = cand.staged is not None
-        where = str(cand.staged.folder) if staged else f"models:/{cand.mv.name}/{cand.mv.version}"
-        result = shape_gate_of(cand, request, where, publish=not staged)
-        if result.ok:
-            passed.append(cand)
-        else:
-            label = cand.arg if staged else f"{cand.arg} ({cand.label})"
-            print(f"compare: {label} fails the shape gate against {request.dep.target}: {result.lines[-1]}; left out"
-                  + (" (not registered)" if staged else ""))  # fmt: skip
-    if not passed:
-        raise GateRefused(f"no candidate passes the shape gate against {request.dep.target}")
-    return passed
-
-
-def shape_gate_of(cand: Candidate, request: Request, where: str, publish: bool) -> Any:
-    """The shape gate of one candidate (`where`: its registry URI or staged folder); its run and, for a version,
-    its tags when `publish`."""
-    from steps import shape_gate
-
-    args = shape_gate.build().parse_args(["--model", where, "--target", request.dep.target])
-    remember_asked(vars(args))
-    result = shape_gate.measure(args)
-    if publish:
-        shape_gate.publish(args, result, " (bake-off)")
-    cand.gate = result.result
-    return result
-
-
-def flag_contaminated(c: Any, request: Request, gated: list[Candidate]) -> None:
-    """A candidate whose lineage (registry.ledger.lineage: its runs, its weights by value, near-copies) or whose record
-    says it was trained on pinned prompts, or whose lineage cannot be read, is flagged: ranked and shown, never
-    the winner (promote would refuse it: its figure measures memory)."""
-    from registry.ledger.evidence.verify import pinned_keys
-    from registry.ledger.lineage import lineage, overlap
-
-    pinned = pinned_keys(request.profile)
-    for cand in gated:
-        known = lineage(c, cand.mv)
-        spots = overlap(known.keys | set(cand.record.trained_on), pinned)
-        if spots:
-            cand.flag = "trained on pinned prompts: " + ", ".join(f"{n} of class {k}" for k, n in spots.items())
-        elif known.problems:
-            cand.flag = f"its training data cannot be known ({known.problems[0]})"
-
-
-def measure(c: Any, request: Request, gated: list[Candidate]) -> None:
-    """The evaluation service (its run nested here, its signed record) for each candidate without valid evidence,
-    asked as `evaluate` would be with the profile's settings on the bake-off's engine."""
-    from registry.ledger.bakeoff import reusable_record
-
-    for cand in gated:
-        if cand.record is not None:
-            print(f"compare: {cand.label} reuses evaluation run {cand.record.run_id}")
-            continue
-        asked = spec("evaluate").asked(model=f"models:/{cand.mv.name}/{cand.mv.version}", target=request.dep.target,
-                                       profile=request.args.profile, engine=request.engine,
-                                       progress=request.args.progress)  # fmt: skip
-        evaluate(Asked(**asked), open_run)
-        cand.record = reusable_record(c, cand.mv, request.profile, request.dep, request.engine)
-        if cand.record is None:
-            raise InternalError(f"evaluate measured {cand.label} but left no record that stands for "
-                                f"{request.profile.name}")  # fmt: skip
-        cand.evaluated = True
-
-
-@dataclass
-class Outcome:
-    ranking: Any
-    figures: Any
-    break_even: dict[str, float]  # per drafter: its draft steps priced by what they read
-    incumbent: str | None
-    text: str
-    verdict: str
-    final: str
-    code: int
-    compare_link: str
-    run_id: str = ""
-    promotion: str = ""
-    seconds: float = 0.0
-    winner: str | None = None  # the first in the ranking that is not flagged
-    flags: dict[str, str] = field(default_factory=dict)  # label -> why it can never be the winner
-
-
-def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
-    """The ranking and its tables; with --promote, the winner handed to `promote` when the bake-off allows."""
-    import mlflow
-
-    from drafter.analysis.step_cost import folder_step_cost
-    from registry.access import store
-    from registry.ledger.bakeoff import classes_of, may_promote
-    from reports import bakeoff as report
-    from serving.cost import break_even_accept_len, priced_for
-    from serving.paired import rank
-    from serving.workload import class_figures
-
-    profile = request.profile
-    # each drafter's break-even at the hardest operating point, its draft steps priced by what they read
-    be, pricing = {}, {}
-    for cand in gated:
-        _, folder = store.version_folder(f"models:/{cand.mv.name}/{cand.mv.version}")
-        priced, said = priced_for(profile, folder_step_cost(folder).per_step)
-        be[cand.label] = break_even_accept_len(priced.binding())
-        pricing[f"- {cand.label}: {said}" if priced is not profile else said] = None  # "not priced" said once
-    counts = {cand.label: classes_of(cand.record, profile) for cand in gated}
-    ranking = rank(counts)
-    figures = {label: class_figures(parts, be[label]) for label, parts in counts.items()}
-    incumbent = next((cand.label for cand in gated if cand.incumbent), None)
-    evidence = {cand.label: f"{'evaluated' if cand.evaluated else 'reused'} {cand.record.run_id[:8]}" for cand in gated}
-    flags = {cand.label: cand.flag for cand in gated if cand.flag}
-    winner = next((label for label in ranking.order if label not in flags), None)  # a flagged one never is
-    verdict = report.verdict(ranking, figures, be, profile.name, incumbent, flags)
-    code, final, promotion = 0, "ranked; nothing promoted (no --promote)", ""
-    if request.promote and winner is None:
-        code, promotion = 1, "not promoted: every candidate is flagged"
-        final = promotion
-    elif request.promote:
-        versus = ranking.between(winner, incumbent) if incumbent not in (None, winner) else None
-        check = may_promote(winner, incumbent, versus)
-        if check.allowed:
-            code = promote_winner(next(x for x in gated if x.label == winner), request)
-            said = "promoted to production" if code == 0 else "refused by the promotion rule"
-            promotion = f"{check.reason}; promote: {said}"
-        else:
-            code, promotion = 1, f"not promoted: {check.reason}"
-        final = promotion
-        verdict += f" {promotion[0].upper()}{promotion[1:]}."
-    floor, share = profile.class_floor, profile.min_share
-    who = "\n".join(f"- {cand.label}: {cand.arg}" + (" (production's holder)" if cand.incumbent else "")
-                    for cand in gated)  # fmt: skip
-    left_out = [f"- {cand.arg}: shape gate {cand.gate}" for cand in request.candidates if cand not in gated]
-    run = mlflow.active_run().info
-    link = compare_runs_link(c, [cand.record.run_id for cand in gated])
-    text = "\n".join([
-        verdict, "", f"## compare on {profile.name} ({request.engine}, k={profile.draft_steps})", "", who,
-        *(["", "Left out:", *left_out] if left_out else []), "",
-        report.markdown(ranking, figures, be, floor, share, incumbent, evidence, flags), "",
-        *([said for said in pricing if said] + [""] if any(pricing) else []),
-        "Every pair (paired: the same prompts resampled for both; unpaired: each resampled on its own):", "",
-        report.pairs_markdown(ranking), "", f"The child evaluations side by side: {link}",
-    ])  # fmt: skip
-    return Outcome(ranking, figures, be, incumbent, text, verdict, final, code, link, run.run_id, promotion,
-                   winner=winner, flags=flags)  # fmt: skip
-
-
-def promote_winner(cand: Candidate, request: Request) -> int:
-    """The promotion rule, as `promote` applies it (its own run, audit line and sanction): 0 promoted, 1 refused."""
-    from steps import promote
-
-    args = promote.build().parse_args(["--model", f"models:/{cand.mv.name}/{cand.mv.version}",
-                                       "--profile", request.args.profile, "--stage", "production"])  # fmt: skip
-    remember_asked(vars(args))
-    return promote.run(args)
-
-
-def compare_runs_link(c: Any, run_ids: list[str]) -> str:
-    """MLflow's compare-runs view of these runs (the UI's own route: JSON lists of run and experiment ids)."""
-    runs = list(dict.fromkeys(run_ids))
-    experiments = list(dict.fromkeys(c.get_run(r).info.experiment_id for r in runs))
-    return (f"http://127.0.0.1:5000/#/compare-runs?runs={json.dumps(runs, separators=(',', ':'))}"
-            f"&experiments={json.dumps(experiments, separators=(',', ':'))}")  # fmt: skip
+def asked_of(step: str, **given: object) -> dict[str, object]:
+    """Another step's parameters at their defaults, `given` over them: how a service it calls is asked."""
+    return spec(step).asked(**given)
 
 
 def publish(request: Request, gated: list[Candidate], o: Outcome) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from common.errors import BadInput
 from common.values import draft_depth, none_if_empty
+from pipeline.promotion import decision_of
 from steps._cli import log_params, run_step, step_run
 from steps._params import Param, Spec
 
@@ -166,27 +167,6 @@ def publish(args: argparse.Namespace, c: Any, r: Request) -> None:
         c.set_model_version_tag(
             mv.name, mv.version, f"exported.{args.engine}", f"run {run_id} -> {out} at k={r.k} ({when})"
         )
-
-
-def decision_of(c, name: str, aliases: list[str]) -> tuple[str, int | None]:
-    """The evaluation run the serving alias was decided on, and its draft depth (from the signed record)."""
-    from registry.ledger import sanction
-    from registry.ledger.evidence import record as evidence_record
-    from registry.ledger.evidence import verify as evidence_verify
-
-    for alias in aliases:
-        holder = sanction.holder(c, name, alias)
-        record = sanction.read(c, holder.run_id) if holder.run_id else None
-        run_id = (record or {}).get("evidence_run") or ""
-        if not run_id:
-            continue
-        with tempfile.TemporaryDirectory() as tmp:
-            try:
-                path = c.download_artifacts(run_id, evidence_record.EVIDENCE_FILE, tmp)
-                return run_id, evidence_verify.read_record(Path(path).read_text(), run_id).draft_steps
-            except Exception:  # noqa: BLE001  (an unreadable record gives no depth; --draft_steps then)
-                return run_id, None
-    return "", None
 
 
 def describe(mv, aliases: list[str], evidence_run: str, exported, target: str) -> str:

@@ -91,9 +91,9 @@ def parse(args: argparse.Namespace) -> Request:
 
     from common.values import none_if_empty
     from evaluation.request import require_evaluator_key
+    from pipeline.promotion import require_promoter_key
     from registry.access import naming, store
     from registry.ledger import signing
-    from steps.promote import require_promoter_key
 
     naming.check_name(args.model, "--model")
     profile = load_profile(args.profile)

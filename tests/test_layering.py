@@ -15,7 +15,8 @@ ALLOWED = {
     "registry": {"common", "serving", "drafter"},
     "tuning": {"common", "serving", "reports", "drafter", "registry"},
     "evaluation": {"common", "serving", "reports", "drafter", "engines", "registry"},
-    "steps": {"common", "serving", "reports", "drafter", "engines", "registry", "tuning", "evaluation"},
+    "pipeline": {"common", "serving", "reports", "drafter", "engines", "registry", "evaluation"},
+    "steps": {"common", "serving", "reports", "drafter", "engines", "registry", "tuning", "evaluation", "pipeline"},
     "miniworld": {"common", "drafter"},
 }
 

@@ -8,7 +8,19 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-ROOMS = ("common", "serving", "reports", "drafter", "engines", "registry", "tuning", "evaluation", "steps", "miniworld")
+ROOMS = (
+    "common",
+    "serving",
+    "reports",
+    "drafter",
+    "engines",
+    "registry",
+    "tuning",
+    "evaluation",
+    "pipeline",
+    "steps",
+    "miniworld",
+)
 
 
 def modules(rooms: tuple[str, ...] = ROOMS) -> dict[str, Path]:
