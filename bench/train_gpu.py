@@ -340,6 +340,7 @@ def check(results: dict, deadline: float) -> None:
     from drafter.train.loss import ttt_loss
 
     small = dict(
+        TINY,
         hidden_size=512,
         intermediate_size=1024,
         num_attention_heads=4,
@@ -347,8 +348,6 @@ def check(results: dict, deadline: float) -> None:
         head_dim=128,
         vocab_size=4096,
         draft_vocab_size=1024,
-        aux_layer_ids=[0, 1, 2],
-        max_position_embeddings=4096,
     )
     # MLA at the public K2.5 MLA drafters' head widths: keys 128 + 64 (not a power of two), values 128
     mla = dict(
