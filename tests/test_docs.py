@@ -66,3 +66,24 @@ def test_no_module_cites_a_design_file_outside_docs():
         if re.search(r"(?<!docs/)DESIGN\.md", path.read_text()):
             cited.append(str(path.relative_to(ROOT)))
     assert cited == [] and (ROOT / "docs" / "design.md").is_file()
+
+
+def test_the_headline_break_even_is_the_flagship_profiles_own():
+    """The README's headline (baseline, cycle, break-even) and every page's "break-even 2.46" for the flagship
+    profile are computed from the profile itself, so no page can state another figure."""
+    from serving.cost import break_even_accept_len
+    from serving.profile import load_profile
+
+    profile = load_profile("kimi-k2.5-8xrtxpro6000")
+    break_even = f"{break_even_accept_len(profile):.2f}"
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    head = re.search(r"needs accept_len ([\d.]+) just to break even \((\d+) tok/s baseline, (\d+) ms per", readme)
+    assert head, "README's headline break-even sentence is missing"
+    assert head.group(1) == break_even
+    assert (float(head.group(2)), float(head.group(3))) == (profile.baseline_tps, profile.cycle_ms)
+    pages = [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+    stated = {
+        (page.name, figure) for page in pages for figure in re.findall(r"break-even[ (]+(\d\.\d\d)\b", page.read_text())
+    }
+    assert stated, "no page states the flagship break-even"
+    assert {s for s in stated if s[1] != break_even} == set()
