@@ -32,7 +32,9 @@ def watch_figure(h: WatchHistory, baseline: list[float] | None, baseline_len: fl
     plt = pyplot()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
     xs = list(range(1, len(h.accept_len) + 1))
-    top.plot(xs, [float("nan") if v is None else v for v in h.accept_len], color="C0", lw=1.2, label="live accept_len")
+    # markers: an interval read between two gaps (a server restarting) is a lone point a line alone never draws
+    top.plot(xs, [float("nan") if v is None else v for v in h.accept_len], color="C0", lw=1.2, marker=".",
+             label="live accept_len")  # fmt: skip
     if baseline_len is not None:
         top.axhline(baseline_len, color="C2", lw=1, label=f"baseline {baseline_len:.3f}")
         drop = 1 + (baseline_len - 1) * (1 - tolerance)
@@ -50,7 +52,7 @@ def watch_figure(h: WatchHistory, baseline: list[float] | None, baseline_len: fl
     positions = max((len(p) for p in h.acc_pos), default=0)
     for i in range(positions):
         values = [p[i] if len(p) > i else float("nan") for p in h.acc_pos]
-        bottom.plot(xs, values, color=f"C{i}", lw=1, label=f"position {i}")
+        bottom.plot(xs, values, color=f"C{i}", lw=1, marker=".", label=f"position {i}")
         if baseline and i < len(baseline):
             bottom.axhline(baseline[i], color=f"C{i}", lw=0.8, ls=":")
     bottom.set_xlabel("interval")

@@ -242,3 +242,21 @@ def test_bad_input_is_one_line_and_exit_2(promoted, tmp_path):
         engine.close()
         page.shutdown()
     assert not _audit(tmp)  # nothing written
+
+
+def test_the_figure_draws_an_interval_read_between_two_gaps():
+    """A server restarting leaves gaps; the one interval read between them (often the one the watch acts on)
+    must still show on the live curve: a line alone never draws a lone point, a marker does."""
+    from reports.watch import WatchHistory, watch_figure
+
+    h = WatchHistory()
+    for value in (1.8, 1.82, None, None, 1.3, None):
+        h.add(value, 1.65 if value else None, (0.5, 0.4) if value else ())
+    h.events.append((5, "demote"))
+    fig = watch_figure(h, [0.5, 0.4], 1.81, 0.2, "watch")
+    live = fig.axes[0].lines[0]
+    assert live.get_label() == "live accept_len"
+    assert live.get_marker() not in ("None", "", None)
+    assert list(live.get_xdata())[4] == 5 and live.get_ydata()[4] == 1.3
+    positions = [line for line in fig.axes[1].lines if line.get_label().startswith("position")]
+    assert len(positions) == 2 and all(line.get_marker() not in ("None", "", None) for line in positions)
