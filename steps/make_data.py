@@ -242,15 +242,18 @@ def source_of(
         yield served
 
 
+CAPTURE_MOUNT = "/mnt/drafterops-capture"  # the printed command's storage when --capture_dir names none
+
+
 def capture_server_command(args: argparse.Namespace, cfg: TargetConfig, layers: list[int]) -> list[str]:
     """The server `--engine vllm` starts, for a target served elsewhere (`--print_server_command`): on a GPU,
-    with vLLM's own connector, writing to a storage this machine must share."""
+    with vLLM's own connector, writing to a storage this machine must share (--capture_dir, as mounted there)."""
     from engines.capture import served_layer_ids, server_command
 
     handed = served_layer_ids(layers, cfg.num_hidden_layers)
     model_len = min(args.max_len + 1, context_of(cfg) or args.max_len + 1)
     return server_command(
-        "python", args.target, 8000, handed, Path("/shared/drafterops-capture"),
+        "python", args.target, 8000, handed, Path(none_if_empty(args.capture_dir) or CAPTURE_MOUNT),
         target_precision(args.target, args.dtype), model_len, cuda=True,
     )  # fmt: skip
 
