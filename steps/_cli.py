@@ -180,6 +180,7 @@ def run_step(
 ) -> None:
     """Parse, run, and exit with the contract's code; errors are one line on stderr, no traceback."""
     args = build().parse_args(argv)
+    line_by_line()
     remember_asked(vars(args))
     configure_mlflow()
     try:
@@ -204,6 +205,14 @@ def run_step(
         print(f"{name}: internal error: {exc.__class__.__name__}: {what}{where}", file=sys.stderr)
         sys.exit(INTERNAL_ERROR)
     sys.exit(code)
+
+
+def line_by_line() -> None:
+    """Each printed line reaches a pipe or log file as it is printed: under a service manager or `| tee`, a
+    block-buffered stdout held a long-running step's lines (the watch's baseline, its warnings) for hours."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(line_buffering=True)
 
 
 def remember_asked(asked: Mapping[str, object]) -> None:

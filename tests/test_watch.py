@@ -107,6 +107,42 @@ def test_a_baseline_is_learnt_signed_and_quiet_through_a_restart_and_a_gap(promo
     assert str(c.get_model_version_by_alias(NAME, "production").version) == "1"
 
 
+def test_its_lines_reach_a_pipe_as_they_are_printed_and_sigterm_stops_it(promoted, tmp_path):
+    """A service's log is a pipe (systemd, `| tee`): the baseline line arrives while the watch still runs,
+    without PYTHONUNBUFFERED, and SIGTERM ends it at the next interval with its summary and exit 0."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from tests.helpers.steps import step_env
+
+    tmp = _store(promoted, tmp_path)
+    engine = _engine(promoted)
+    env = {k: v for k, v in step_env(tmp).items() if k != "PYTHONUNBUFFERED"}
+    args = ["--model", NAME, "--endpoints", engine.url, "--profile", str(tmp / "watch.yaml"), "--interval", "0.05",
+            "--max_intervals", "0", "--recertify", "no"]  # fmt: skip
+    watch = subprocess.Popen([sys.executable, "-m", "steps.watch", *args], cwd=tmp, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(iter(watch.stdout.readline, "")), daemon=True).start()
+    try:
+        deadline = time.monotonic() + 240
+        while not any("baseline accept_len" in x for x in lines) and time.monotonic() < deadline:
+            assert watch.poll() is None, "the watch ended before its baseline: " + "".join(lines)
+            time.sleep(0.2)
+        assert any("baseline accept_len" in x for x in lines), "no line while it runs: " + "".join(lines)
+        watch.send_signal(signal.SIGTERM)
+        watch.wait(timeout=120)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+        engine.close()
+    time.sleep(0.5)  # the reader's last lines
+    assert watch.returncode == 0 and "drop(s) detected" in "".join(lines), "".join(lines)
+
+
 def test_a_drop_is_warned_about_then_demoted_by_the_profiles_policy(promoted, tmp_path):
     tmp = _store(promoted, tmp_path, "watch:\n  action: demote\n")
     engine = _engine(promoted, drop_at=28, drop=0.3)
