@@ -1,5 +1,5 @@
 """How a library service logs into the MLflow run of the step that called it. The step owns its run (the
-experiment, the exit code, the marks a failure leaves: steps/_cli.open_run); a service says which step's run
+experiment, the exit code, the marks a failure leaves: cli/step.open_run); a service says which step's run
 it is, its name, its params, and the words they were asked in (a param shows what was asked, and
 `resolved.<name>` what ran, where the two differ)."""
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from common import metric_names as names
 from common.errors import InternalError
 from reports.plotting import pyplot
 from serving.cycle_model import OperatingPoint, fit_cycle, primary
@@ -136,3 +137,28 @@ def figure(ops: tuple[OperatingPoint, ...], depths: list[int], observed: dict[tu
                  "dotted: break-even", fontsize=9)  # fmt: skip
     fig.tight_layout()
     return fig
+
+
+def operating_metrics(ops, depths: list[int]) -> dict[str, float]:
+    """Each operating point's fitted figures under their metric names (common.metric_names)."""
+    metrics = {}
+    for op in ops:
+        c = op.concurrency
+        metrics[names.at_concurrency("plain_tps", c)] = op.plain_tps
+        metrics[names.at_concurrency("verify_ms", c)] = op.verify_ms
+        metrics[names.at_concurrency("draft_step_ms", c)] = op.draft_step_ms
+        for k in depths:
+            metrics[names.at_depth_and_concurrency("cycle_ms", k, c)] = op.cycle_ms(k)
+            metrics[names.at_depth_and_concurrency("break_even", k, c)] = op.break_even(k)
+    return metrics
+
+
+def table(ops, depths) -> list[str]:
+    """Each load's plain speed, each depth's cycle and break-even, and the fit, as Markdown rows."""
+    head = "| concurrency | share | plain tok/s | " + " | ".join(f"k={k}: cycle ms / break-even" for k in depths)
+    lines = [head + " | fit verify + k x step (ms) |", "|---" * (len(depths) + 4) + "|"]
+    for op in ops:
+        cells = " | ".join(f"{op.cycle_ms(k):.2f} / {op.break_even(k):.3f}" for k in depths)
+        lines.append(f"| {op.concurrency} | {op.share:.0%} | {op.plain_tps:.1f} | {cells} | "
+                     f"{op.verify_ms:.2f} + k x {op.draft_step_ms:.3f} |")  # fmt: skip
+    return lines

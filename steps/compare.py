@@ -17,12 +17,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cli.spec import Param, Spec, spec
+from cli.step import log_params, open_run, run_link, run_step, step_run
 from common.errors import BadInput
+from evaluation.request import require_evaluator_key
 from pipeline import bakeoff
 from pipeline.bakeoff import Candidate, Outcome, Request, find, incumbents
+from pipeline.promotion import require_promoter_key
+from registry.ledger.bakeoff import reusable_record
+from registry.ledger.deployment import check_target, deployment
+from reports import bakeoff as report
 from reports.plotting import log_figure
-from steps._cli import log_params, open_run, run_link, run_step, step_run
-from steps._params import Param, Spec, spec
+from serving.profile import load_profile
 
 SPEC = Spec(
     "compare",
@@ -57,6 +63,7 @@ def build() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    # deferred: torch comes with these, and --help or refused input needs none of it
     from registry.access import store
 
     c = store.client()
@@ -79,11 +86,6 @@ def run(args: argparse.Namespace) -> int:
 def parse(args: argparse.Namespace, c: Any, tmp: Path) -> Request:
     """The profile, its deployment, every candidate found (registered, or staged for import) and told apart,
     and the keys the bake-off will sign with."""
-    from evaluation.request import require_evaluator_key
-    from pipeline.promotion import require_promoter_key
-    from registry.ledger.deployment import check_target, deployment
-    from serving.profile import load_profile
-
     profile = load_profile(args.profile)
     names = [x.strip() for x in str(args.candidates).split(",")]
     if not any(names):
@@ -107,7 +109,6 @@ def parse(args: argparse.Namespace, c: Any, tmp: Path) -> Request:
     promote = args.promote == "yes"
     if promote:
         require_promoter_key()
-    from registry.ledger.bakeoff import reusable_record
 
     for cand in candidates:
         if cand.mv is not None:
@@ -124,10 +125,8 @@ def asked_of(step: str, **given: object) -> dict[str, object]:
 
 def publish(request: Request, gated: list[Candidate], o: Outcome) -> None:
     """The parent run: the verdict first in its description, the ranking table, the figure, the pairs, the link."""
-    import mlflow
+    import mlflow  # deferred: mlflow takes seconds to import, and --help or refused input needs none of it
     import pandas as pd
-
-    from reports import bakeoff as report
 
     profile, ranking = request.profile, o.ranking
     mlflow.set_tag("mlflow.note.content", o.text)

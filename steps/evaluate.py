@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 
+from cli.spec import Param, Spec
+from cli.step import open_run, run_step
 from evaluation.request import Asked
 from evaluation.service import evaluate
-from steps._cli import open_run, run_step
-from steps._params import Param, Spec
 
 SPEC = Spec(
     "evaluate",

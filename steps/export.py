@@ -15,11 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cli.spec import Param, Spec
+from cli.step import log_params, run_step, step_run
 from common.errors import BadInput
 from common.values import draft_depth, none_if_empty
+from engines.endpoint import drafter_name, export_digest
+from engines.vllm import Settings
 from pipeline.promotion import decision_of
-from steps._cli import log_params, run_step, step_run
-from steps._params import Param, Spec
+from registry.access import naming
+from registry.ledger import sanction
 
 SERVING = ("production", "staging")
 
@@ -74,10 +78,11 @@ def run(args: argparse.Namespace) -> int:
 def parse(args: argparse.Namespace) -> tuple[Request, Any]:
     """The output folder (a plain, empty one whose name serve.sh can carry), the version and the serving alias it
     holds, its target (and the shape gate's pass against it), and the depth the promotion was decided at."""
+    # deferred: torch comes with these, and --help or refused input needs none of it
+    # deferred: torch comes with these, and --help or refused input needs none of it
     from drafter.analysis.compat import require_fit
     from engines import export
-    from registry.access import naming, store
-    from registry.ledger import sanction
+    from registry.access import store
 
     if args.engine not in export.ENGINES:
         raise BadInput(f"--engine must be one of {', '.join(export.ENGINES)}, got {args.engine!r}")
@@ -120,9 +125,10 @@ def parse(args: argparse.Namespace) -> tuple[Request, Any]:
 
 def write(engine: str, r: Request) -> None:
     """The folder the engine loads, serve.sh and EXPORT.md, written in a staging folder and renamed into place."""
+    # deferred: torch comes with these, and --help or refused input needs none of it
+    # deferred: torch comes with these, and --help or refused input needs none of it
     from drafter.analysis.compat import target_facts
     from engines import export
-    from engines.vllm import Settings
 
     out = r.out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -130,8 +136,6 @@ def write(engine: str, r: Request) -> None:
     try:
         exported = export.write(r.folder, staging, engine, r.k, r.target)
         if engine == "vllm":  # a second served name says which drafter runs (the production watch reads it)
-            from engines.endpoint import drafter_name, export_digest
-
             exported.names = (drafter_name(export_digest(staging)),)
         context = int(target_facts(r.target).config.text_config.get("max_position_embeddings", 4096))
         settings = Settings(k=r.k, max_new_tokens=1, max_model_len=context)
@@ -150,6 +154,7 @@ def write(engine: str, r: Request) -> None:
 
 def publish(args: argparse.Namespace, c: Any, r: Request) -> None:
     """The run (its files and their digests) and the version's `exported.<engine>` tag."""
+    # deferred: mlflow, and torch with the modules below, take seconds; --help or refused input needs neither
     import mlflow
 
     from registry.access import store

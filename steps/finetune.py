@@ -11,15 +11,18 @@ import json
 import os
 from typing import Any
 
+from cli.spec import Param, Spec
+from cli.step import log_params, run_step, step_run
 from common.errors import BadInput
 from common.values import integer, none_if_empty
 from drafter.analysis.memory_plan import GIB
-from drafter.train.loop import TrainConfig
+from drafter.train.loop import TrainConfig, load_ds_config, micro_batch
+from registry.access import naming
 from registry.access.naming import TAG_REPLIES
-from steps._cli import log_params, run_step, step_run
-from steps._params import Param, Spec
+from serving.profile import load_profile
+from tuning import study as studies
 from tuning.outcome import counted_trials, verdict
-from tuning.recipe import FinetuneRequest
+from tuning.recipe import FinetuneRecipe, FinetuneRequest
 from tuning.register import replies
 
 SPEC = Spec(
@@ -92,9 +95,7 @@ def _fixed(text: str) -> dict[str, Any] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import mlflow
-
-    from tuning.recipe import FinetuneRecipe
+    import mlflow  # deferred: mlflow takes seconds to import, and --help or refused input needs none of it
 
     request, profile = parse(args)
     recipe = FinetuneRecipe(request)
@@ -120,10 +121,10 @@ def run(args: argparse.Namespace) -> int:
 
 def parse(args: argparse.Namespace) -> tuple[FinetuneRequest, Any]:
     """Every argument checked before any work: names, numbers, the DeepSpeed config, the search space."""
-    from drafter.train.loop import load_ds_config, micro_batch
-    from registry.access import naming
-    from serving.profile import load_profile
+    # deferred: torch comes with these, and --help or refused input needs none of it
     from tuning import memory
+
+    # deferred: torch comes with these, and --help or refused input needs none of it
     from tuning.space import load_settings, load_space
 
     alias = none_if_empty(args.alias)
@@ -158,9 +159,7 @@ def parse(args: argparse.Namespace) -> tuple[FinetuneRequest, Any]:
 
 def publish_setup(args: argparse.Namespace, request: FinetuneRequest, recipe: Any, profile: Any) -> None:
     """The study's settings as params, the memory plan, and the tags that find the study again."""
-    import mlflow
-
-    from tuning import study as studies
+    import mlflow  # deferred: mlflow takes seconds to import, and --help or refused input needs none of it
 
     base = request.base
     log_params(

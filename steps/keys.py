@@ -12,12 +12,16 @@ its public line goes into the team's trust file (docs/promotion.md#keys-and-trus
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import os
 import re
+import tempfile
 from pathlib import Path
 
+from cli.step import parser, run_step
 from common.errors import BadInput
 from registry.ledger import signing
-from steps._cli import parser, run_step
+from registry.ledger.trust import load_trust, trust_path
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -60,13 +64,6 @@ def run(args: argparse.Namespace) -> int:
 def retire(name: str, at: str) -> int:
     """Rewrite `name: ed25519:...` as `name: {key: ..., retired: ...}` in the trust file, comments and all other
     lines as they were; the result is read back as a trust file before it replaces the old one."""
-    import datetime as dt
-    import os
-    import re
-    import tempfile
-
-    from registry.ledger.trust import load_trust, trust_path
-
     path = trust_path()
     if path is None:
         raise BadInput(

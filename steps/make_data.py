@@ -4,27 +4,20 @@ or (`--engine vllm`) where the target is served."""
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
-import os
 import shlex
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from cli.spec import Param, Spec
+from cli.step import log_params, run_step, step_run
 from common.errors import BadInput
-from common.prompt_files import file_digest, read_prompts
+from common.prompt_files import read_prompts
 from common.values import none_if_empty
 from drafter.data.capture import TargetFacts, bytes_per_token, capture, plan_capture
 from drafter.data.dataset import INDEX, PARTIAL, REGENERATED, preflight
-from drafter.data.regenerate import count_changes, regenerate
-from drafter.model.config import TargetConfig
-from drafter.model.target import check_layer_ids, load_target, load_tokenizer, resolve_local, target_precision
-from engines.environment import find_python
-from serving.workload import prompt_key
-from steps._cli import log_params, run_step, step_run
-from steps._params import Param, Spec
+from drafter.model.target import load_tokenizer
+from serving.profile import load_profile
 
 SPEC = Spec(
     "make_data",
@@ -107,10 +100,22 @@ def parse_layers(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # deferred: torch comes with these, and --help or refused input needs none of it
+    from pipeline.capturing import (
+        Capture,
+        capture_server_command,
+        checked_target,
+        context_of,
+        dataset_meta,
+        regenerated,
+        source_of,
+    )
+
     layers, drafter_ref, drafter_cfg, records = parse(args)
-    folder, cfg = checked_target(args, layers, drafter_cfg)
+    job = Capture.of(vars(args))
+    folder, cfg = checked_target(args.target, layers, drafter_cfg)
     if args.print_server_command:
-        print(shlex.join(capture_server_command(args, cfg, layers)))
+        print(shlex.join(capture_server_command(job, cfg, layers)))
         return 0
     preflight(args.out)
     out = Path(args.out)
@@ -123,14 +128,14 @@ def run(args: argparse.Namespace) -> int:
         f"B/token = {plan.estimated_bytes / 2**20:.1f} MiB estimated; layers {layers}"
         + (f"; {plan.truncated} prompts cut to {args.max_len} tokens" if plan.truncated else "")
     )
-    with source_of(args, facts, layers, records) as target:
+    with source_of(job, facts, layers, records) as target:
         if hasattr(target, "preflight"):  # an engine: checked before anything is written
             target.preflight([p.input_ids for p in plan.prompts])
         regen = None
         if args.regenerate:
-            records, regen = regenerated(args, target, facts, records)
+            records, regen = regenerated(job, target, facts, records)
             plan = plan_capture(facts, records, args.max_len)
-        meta = dataset_meta(args, target, layers, records, regen)
+        meta = dataset_meta(job, target, layers, records, regen)
         with step_run("make_data", run_name=f"make_data {Path(args.out).name}"):
             log_params({"target": args.target, "prompts": args.prompts, "out": args.out, "layers": layers,
                         "max_len": args.max_len, "limit": args.limit, "drafter": drafter_ref or "",
@@ -150,6 +155,9 @@ def run(args: argparse.Namespace) -> int:
 def parse(args: argparse.Namespace) -> tuple[list[int], str | None, Any, list[dict]]:
     """(aux layers to capture, the drafter named and its config, the prompt records): the layers from --layers,
     else the drafter's config."""
+    # deferred: torch comes with these, and --help or refused input needs none of it
+    from registry.access.resolve import resolve_drafter
+
     if args.max_len < 2 or args.limit < 0 or args.shard_tokens < 1 or args.max_new_tokens < 1:
         raise BadInput("--max_len must be >= 2, --limit >= 0, --shard_tokens >= 1, --max_new_tokens >= 1")
     args.regen_temperature = regen_temperature(args.temperature)
@@ -163,8 +171,6 @@ def parse(args: argparse.Namespace) -> tuple[list[int], str | None, Any, list[di
     drafter_ref = none_if_empty(args.drafter)
     drafter_cfg = None
     if drafter_ref:
-        from registry.access.resolve import resolve_drafter
-
         drafter_cfg = resolve_drafter(drafter_ref, config_only=True).config
     if none_if_empty(args.layers):
         layers = parse_layers(args.layers)
@@ -180,156 +186,15 @@ def regen_temperature(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        from serving.profile import load_profile
-
         return float(load_profile(text).eval_temperature)
     if not value >= 0 or value == float("inf"):
         raise BadInput(f"--temperature must be >= 0 and finite, got {text!r}")
     return value
 
 
-def checked_target(args: argparse.Namespace, layers: list[int], drafter_cfg: Any) -> tuple[Path, TargetConfig]:
-    """The target's folder and config, the layers in its range and its width the drafter's: from the config
-    alone, before any model or server starts."""
-    folder, _ = resolve_local(args.target)
-    cfg = TargetConfig.from_file(folder)
-    check_layer_ids(cfg, layers, folder)
-    if drafter_cfg is not None and drafter_cfg.target_hidden != cfg.hidden_size:
-        raise BadInput(
-            f"target hidden size {cfg.hidden_size} does not fit the drafter's fc input "
-            f"{3 * drafter_cfg.target_hidden} / 3 = {drafter_cfg.target_hidden}"
-        )
-    return folder, cfg
-
-
-def context_of(cfg: TargetConfig) -> int | None:
-    ctx = cfg.text_config.get("max_position_embeddings")
-    return int(ctx) if ctx else None
-
-
-@contextlib.contextmanager
-def source_of(
-    args: argparse.Namespace, facts: TargetFacts, layers: list[int], records: list[dict] | None = None
-) -> Iterator[Any]:
-    """Where the states come from: the target loaded here, or a vLLM server serving it (started for the
-    capture, or the user's --endpoint)."""
-    dtype = target_precision(args.target, args.dtype)
-    if args.engine == "in-process":
-        target = load_target(facts.folder, dtype=dtype, progress=args.progress, tokenizer=False)
-        target.tokenizer = facts.tokenizer
-        yield target
-        return
-    python = none_if_empty(args.engine_python)
-    if args.engine == "sglang":
-        from engines.capture_sglang import specforge_capture
-
-        with specforge_capture(
-            facts.folder, layers, args.max_len, facts.tokenizer, facts.context_length, records,
-            find_python("sglang", python), Path(args.specforge), args.chat_template, args.tensor_parallel,
-        ) as states:  # fmt: skip
-            yield states
-        return
-    from engines.capture import served_capture
-
-    longest = args.max_len + (args.max_new_tokens if args.regenerate else 0)  # a prompt, or one being answered
-    capture_dir = none_if_empty(args.capture_dir)
-    with served_capture(
-        facts.folder, layers, dtype, longest, facts.tokenizer, facts.context_length,
-        python=find_python("vllm", python) if python else None, endpoint=none_if_empty(args.endpoint),
-        storage=Path(capture_dir) if capture_dir else None,
-    ) as served:  # fmt: skip
-        print(f"make_data: states from {served.url}")
-        yield served
-
-
-CAPTURE_MOUNT = "/mnt/drafterops-capture"  # the printed command's storage when --capture_dir names none
-
-
-def capture_server_command(args: argparse.Namespace, cfg: TargetConfig, layers: list[int]) -> list[str]:
-    """The server `--engine vllm` starts, for a target served elsewhere (`--print_server_command`): on a GPU,
-    with vLLM's own connector, writing to a storage this machine must share (--capture_dir, as mounted there)."""
-    from engines.capture import served_layer_ids, server_command
-
-    handed = served_layer_ids(layers, cfg.num_hidden_layers)
-    model_len = min(args.max_len + 1, context_of(cfg) or args.max_len + 1)
-    return server_command(
-        "python", args.target, 8000, handed, Path(none_if_empty(args.capture_dir) or CAPTURE_MOUNT),
-        target_precision(args.target, args.dtype), model_len, cuda=True,
-    )  # fmt: skip
-
-
-def regenerated(args: argparse.Namespace, target: Any, facts: TargetFacts, records: list[dict]):
-    """The records with every assistant turn the target's own, written once to <out>/regenerated.jsonl with its
-    settings beside it (a resumed capture reads them back, so it captures the same replies, and refuses them
-    if anything they were written under differs), and what changed against the shipped ones."""
-    path = Path(args.out) / REGENERATED
-    settings = {"prompts_sha256": file_digest(args.prompts), "limit": args.limit, "max_len": args.max_len,
-                "by": captured_by(args, target), "temperature": args.regen_temperature,
-                "max_new_tokens": args.max_new_tokens, "seed": args.seed}  # fmt: skip
-    sidecar = path.with_suffix(".json")
-    if path.is_file():
-        try:
-            before = json.loads(sidecar.read_text())
-            written = read_prompts(str(path))
-            turns, changed, records_changed = count_changes(records, written)
-        except (OSError, ValueError, BadInput):
-            raise BadInput(f"{path}: unreadable or not these prompts' replies; choose another --out") from None
-        if before != settings:
-            raise BadInput(f"{path}: was written under other settings ({before}); choose another --out")
-    else:
-        temperature, seed, n = args.regen_temperature, args.seed, args.max_new_tokens
-        calls = iter(range(10**9))
-
-        def write(ids: list[int], stop: list[int]) -> list[int]:
-            return target.reply(ids, stop, n, temperature, seed + next(calls))
-
-        done = regenerate(records, facts.tokenizer, write, n, max_prompt=args.max_len, progress=args.progress)
-        written, turns, changed, records_changed = done.records, done.turns, done.changed, done.records_changed
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for dest, text in ((sidecar, json.dumps(settings) + "\n"),
-                           (path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in written))):  # fmt: skip
-            tmp = dest.with_suffix(".tmp")
-            tmp.write_text(text)
-            os.replace(tmp, dest)
-    print(f"make_data: the target wrote {turns} assistant turns; {changed} differ from the shipped ones")
-    info = {**settings, "turns": turns, "changed": changed, "records_changed": records_changed,
-            "sha256": file_digest(str(path))}  # fmt: skip
-    return written, info
-
-
-def dataset_meta(
-    args: argparse.Namespace, target: Any, layers: list[int], records: list[dict], regen: dict | None = None
-) -> dict:
-    """What contamination and evidence are checked by, where the states came from, and who wrote the replies."""
-    meta = {
-        "target": str(args.target),
-        "layer_ids": layers,
-        "hidden_size": target.hidden_size,
-        "vocab_size": int(target.lm_head_weight.shape[0]),
-        "prompts_sha256": file_digest(args.prompts),
-        "prompt_keys": sorted({prompt_key(r) for r in records}),  # what contamination is checked by
-        "max_len": args.max_len,
-        "limit": args.limit,
-        "target_precision": target_precision(args.target, args.dtype),
-        "captured_by": captured_by(args, target),
-    }
-    if regen is not None:
-        meta["regenerated"] = regen
-    return meta
-
-
-def captured_by(args: argparse.Namespace, source: Any) -> str:
-    """Where the states came from, for the dataset's meta: in-process, or the vLLM server and its URL."""
-    if args.engine == "in-process":
-        return "in-process"
-    if args.engine == "sglang":
-        return f"sglang via SpecForge (chat template {args.chat_template}, tp {args.tensor_parallel})"
-    return f"vllm {'endpoint ' + source.url if source.endpoint else 'server started by make_data'}"
-
-
 def publish(args: argparse.Namespace, index: dict, seconds: float, source: Any) -> None:
     """The dataset on the run: its size and speed, an MLflow dataset input, its index, its digest."""
-    import mlflow
+    import mlflow  # deferred: seconds to import, and --help or a refused input needs none of it
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from cli.spec import Param, Spec
+from cli.step import log_params, run_step, step_run
 from common import metric_names as names
 from common.errors import BadInput
 from common.values import none_if_empty
+from registry.ledger.deployment import basis_of
 from serving.cost import break_even_accept_len, plan_table
 from serving.profile import Profile, load_profile
-from steps._cli import log_params, run_step, step_run
-from steps._params import Param, Spec
 
 DEFAULT_TPS = "82,100,150,200"
 
@@ -42,7 +43,7 @@ def parse_tps(text: str) -> list[float]:
 
 
 def table_frame(profile: Profile, tps: list[float]):
-    import pandas as pd
+    import pandas as pd  # deferred: pandas takes seconds to import, and --help or refused input needs none of it
 
     k = profile.draft_steps
     rows = plan_table(profile, tps)
@@ -69,7 +70,6 @@ def render(profile: Profile, tps: list[float]) -> str:
     for r in plan_table(profile, tps):
         kcol = f"{r.acc_k_steps:.0%}" if r.acc_k_steps is not None else f"unreachable with {k} steps"
         lines.append(f"| {r.target_tps:g} | {r.required_accept_len:.2f} | {r.acc_unbounded:.0%} | {kcol} |")
-    from registry.ledger.deployment import basis_of
 
     lines += ["", basis_of(profile)]
     if profile.operating_points:
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     text = render(profile, tps)
     print(text)
     if args.mlflow:
-        import mlflow
+        import mlflow  # deferred: mlflow takes seconds to import, and --help or refused input needs none of it
 
         with step_run("plan"):
             log_params({"profile": profile.name, "draft_steps": profile.draft_steps, "tps": args.tps})

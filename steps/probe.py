@@ -11,12 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cli.spec import Param, Spec
+from cli.step import log_params, run_step, step_run
 from common.errors import BadInput
+from common.prompt_files import read_prompts
 from common.values import integer, none_if_empty
+from registry.access import describe
 from reports.plotting import log_figure
+from reports.probe import figure
+from serving.cost import break_even_accept_len
 from serving.profile import load_profile
-from steps._cli import log_params, run_step, step_run
-from steps._params import Param, Spec
 
 SPEC = Spec(
     "probe",
@@ -76,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 def measure(args: argparse.Namespace, profile: Any, limit: int, max_len: int) -> Probe:
     """Both targets' states captured on the same prompts, compared layer by layer, and the drafter run zero-shot
     on each."""
-    from common.prompt_files import read_prompts
+    # deferred: torch comes with these, and --help or refused input needs none of it
     from drafter.analysis.probe import compare, verdict
     from drafter.data.capture import capture_records
     from drafter.data.dataset import HiddenStateDataset
@@ -84,7 +88,6 @@ def measure(args: argparse.Namespace, profile: Any, limit: int, max_len: int) ->
     from drafter.model.config import check_depth
     from drafter.train.loop import attach_target_embedding, check_fit, offline_stats
     from registry.access.resolve import resolve_model
-    from serving.cost import break_even_accept_len
 
     k = profile.draft_steps
     traffic_class = none_if_empty(args.traffic_class)
@@ -138,9 +141,7 @@ def probe_table(sim: Any, old: Any, new: Any, k: int) -> str:
 
 def publish(args: argparse.Namespace, profile: Any, limit: int, max_len: int, pr: Probe) -> None:
     """The run (metrics, verdict, table, figure) and, for a registry version, its tags and page."""
-    import mlflow
-
-    from reports.probe import figure
+    import mlflow  # deferred: mlflow takes seconds to import, and --help or refused input needs none of it
 
     sim, old, new, k = pr.sim, pr.old, pr.new, profile.draft_steps
     with step_run("probe", run_name=f"probe {pr.label}: {pr.old_name} -> {pr.new_name}"):
@@ -167,7 +168,8 @@ def publish(args: argparse.Namespace, profile: Any, limit: int, max_len: int, pr
 
 
 def tag_version(pr: Probe, run_id: str) -> None:
-    from registry.access import describe, store
+    # deferred: torch comes with these, and --help or refused input needs none of it
+    from registry.access import store
 
     c, mv, sim = store.client(), pr.mv, pr.sim
     tags = {"verdict": pr.line, "run": run_id, "token_agreement": f"{sim.token_agreement:.4f}",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from cli.spec import Param, Spec
+from cli.step import open_run, run_step
 from pipeline import promotion
-from steps._cli import open_run, run_step
-from steps._params import Param, Spec
 
 SPEC = Spec(
     "promote",

@@ -12,11 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cli.spec import Param, Spec
+from cli.step import log_params, run_step, step_run
 from common.errors import BadInput
 from common.values import integers, none_if_empty
+from registry.access import describe
 from reports.plotting import log_figure
-from steps._cli import log_params, run_step, step_run
-from steps._params import Param, Spec
+from reports.scaling import figure, sig
+from serving.cost import break_even_accept_len
+from serving.profile import load_profile
+from serving.scaling import fit
+from tuning.data_needed import Answer, conclude
+from tuning.register import prepare_init
 
 SPEC = Spec(
     "scale",
@@ -62,10 +69,12 @@ def build() -> argparse.ArgumentParser:
 def class_validation(profile, name: str | None, dataset, args: argparse.Namespace):
     """The validation set of one traffic class: its pinned prompts through the dataset's own target (kept
     under the working folder, keyed by the class's digest, so a rerun reuses it)."""
-    if not name:
-        return None
+    # deferred: torch comes with these, and --help or refused input needs none of it
     from drafter.data.capture import capture_records
     from drafter.data.dataset import HiddenStateDataset
+
+    if not name:
+        return None
 
     cls = profile.traffic_class(name)
     out = Path("drafterops-work") / "class-data" / f"{name}-{cls.sha256[:12]}-{dataset.digest[:12]}"
@@ -98,19 +107,8 @@ class Ladder:
     bytes_per_token: float
 
 
-@dataclass
-class Answer:
-    """The fits and what they say: the table, the metrics, the tags that say why not, the warnings."""
-
-    fits: dict[str, dict[float, Any]]
-    metrics: dict[str, float]
-    tags: dict[str, str]
-    warn: list[str]
-    text: str
-
-
 def run(args: argparse.Namespace) -> int:
-    import mlflow
+    import mlflow  # deferred: mlflow takes seconds to import, and --help or refused input needs none of it
 
     request = parse(args)
     ladder = load(request)
@@ -120,14 +118,15 @@ def run(args: argparse.Namespace) -> int:
                     "epochs": request.epochs, "val_draft_steps": request.profile.draft_steps,
                     **request.settings})  # fmt: skip
         points = climb(request, ladder)
-        answer = conclude(request, ladder, points)
+        answer = conclude(request.profile, points, request.sizes, len(request.seeds), request.targets,
+                          ladder.tokens_per_sample, ladder.bytes_per_token)  # fmt: skip
         publish(request, ladder, points, answer, mlflow.active_run().info.run_id)
     print(answer.text)
     return 0
 
 
 def parse(args: argparse.Namespace) -> Request:
-    from serving.profile import load_profile
+    # deferred: torch comes with these, and --help or refused input needs none of it
     from tuning.space import load_settings
 
     sizes, seeds = integers(args.sizes, "sizes", 1, repeats=True), integers(args.seeds, "seeds", 0, repeats=True)
@@ -143,8 +142,8 @@ def parse(args: argparse.Namespace) -> Request:
 
 def load(request: Request) -> Ladder:
     """The dataset the rungs draw from, the validation set, and both inits (warm and scratch)."""
+    # deferred: torch comes with these, and --help or refused input needs none of it
     from drafter.data.dataset import HiddenStateDataset
-    from tuning.register import prepare_init
 
     args = request.args
     dataset = HiddenStateDataset(args.data)
@@ -162,6 +161,7 @@ def load(request: Request) -> Ladder:
 
 def climb(request: Request, ladder: Ladder) -> list[Any]:
     """Every rung, warm and from scratch, each seed: one nested run per training."""
+    # deferred: mlflow, and torch with the modules below, take seconds; --help or refused input needs neither
     import mlflow
 
     from drafter.train.loop import TrainConfig
@@ -181,64 +181,13 @@ def climb(request: Request, ladder: Ladder) -> list[Any]:
     return points
 
 
-def conclude(request: Request, ladder: Ladder, points: list[Any]) -> Answer:
-    """The learning curves fitted per start, read off at break-even and each plan row (pure: no I/O)."""
-    from reports.scaling import headline, rows, warnings_for
-    from reports.scaling import table as table_text
-    from serving.cost import break_even_accept_len, plan_table
-    from serving.scaling import estimate, generation_hours, storage_gib
-
-    profile, sizes = request.profile, request.sizes
-    be = break_even_accept_len(profile)
-    plan = plan_table(profile, [profile.baseline_tps, *[x for x in request.targets if x != profile.baseline_tps]])
-    ceiling = profile.draft_steps + 1.0  # k draft steps accept at most k tokens, plus the bonus one
-    fits, tags, metrics = {}, {}, {}
-    for start in ("warm", "scratch"):
-        mine = [p for p in points if p.start == start]
-        samples, values = [p.samples for p in mine], [p.val_sim_accept_len for p in mine]
-        try:
-            fits[start] = {row.target_tps: estimate(samples, values, row.required_accept_len, ceiling=ceiling)
-                           for row in plan}  # fmt: skip
-        except (RuntimeError, ValueError) as exc:
-            tags[f"scale.{start}.fit"] = f"failed: {exc}"
-            if start == "warm":
-                tags["samples_for_break_even"] = f"not estimated: the warm fit failed ({exc})"
-    all_rows = rows(
-        fits, plan, ceiling, profile.draft_steps,
-        lambda n: generation_hours(n, ladder.tokens_per_sample, profile.baseline_tps),
-        lambda n: storage_gib(n, ladder.tokens_per_sample, round(ladder.bytes_per_token)),
-    )  # fmt: skip
-    warm = fits.get("warm", {}).get(profile.baseline_tps)
-    if warm is not None and warm.reachable:
-        metrics |= {"samples_for_break_even": warm.samples, "samples_for_break_even_low": warm.low,
-                    "samples_for_break_even_high": min(warm.high, 1e15)}  # fmt: skip
-    elif warm is not None and warm.samples is not None and warm.curve.a > be:
-        tags["samples_for_break_even"] = f"{warm.why_not}: the warm curve approaches break-even {be:.3f} too slowly"
-    elif warm is not None:
-        tags["samples_for_break_even"] = (
-            f"not reachable: the warm curve's ceiling {warm.curve.a:.3f} "
-            f"[{warm.ceiling_low:.3f}, {warm.ceiling_high:.3f}] is below break-even {be:.3f}"
-        )
-    for start, by_row in fits.items():
-        curve = by_row[profile.baseline_tps].curve
-        metrics |= {f"curve_{start}_a": curve.a, f"curve_{start}_b": curve.b, f"curve_{start}_c": curve.c}
-    metrics |= half_ladder_check(points, sizes, ceiling)
-    at_largest = [p.val_sim_accept_len for p in points if p.start == "warm" and p.samples == max(sizes)]
-    metrics["shortfall_vs_break_even"] = be - sum(at_largest) / len(at_largest)  # measured, largest rung
-    warn = warnings_for(warm, max(sizes), ceiling) if warm is not None else []
-    if warn:
-        tags["scale.warning"] = "; ".join(warn)[:5000]
-    top = headline("warm", warm, be, profile.name, sizes, len(request.seeds), warn)
-    return Answer(fits, metrics, tags, warn, f"{top}\n\n{table_text(all_rows)}")
-
-
 def publish(request: Request, ladder: Ladder, points: list[Any], answer: Answer, run_id: str) -> None:
     """The answer on the run (metrics, tags, table, ladder, figure) and on the page of the drafter it concerns."""
+    # deferred: mlflow, and torch with the modules below, take seconds; --help or refused input needs neither
     import mlflow
     import pandas as pd
 
-    from reports.scaling import figure, sig
-    from serving.cost import break_even_accept_len
+    from registry.access import store
 
     profile = request.profile
     mlflow.set_tags(answer.tags)
@@ -251,7 +200,6 @@ def publish(request: Request, ladder: Ladder, points: list[Any], answer: Answer,
     mlflow.set_tag("mlflow.note.content", answer.text)
     if ladder.version is None:
         return
-    from registry.access import describe, store
 
     c, v = store.client(), ladder.version
     answer_tag = answer.tags.get("samples_for_break_even", "")[:250]  # why not
@@ -270,8 +218,6 @@ def publish(request: Request, ladder: Ladder, points: list[Any], answer: Answer,
 def half_ladder_check(points, sizes: list[int], ceiling: float) -> dict[str, float]:
     """How well the curve fitted on the smaller half of the ladder predicts the largest rung (needs 6+
     rungs): `<start>_half_fit_at_largest` against `<start>_measured_at_largest`."""
-    from serving.scaling import fit
-
     if len(sizes) < 6:
         return {}
     small, largest = sizes[: len(sizes) // 2], max(sizes)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from cli.spec import Param, Spec
+from cli.step import open_run, run_step
 from common.values import none_if_empty
 from pipeline import gate as service
-from steps._cli import open_run, run_step
-from steps._params import Param, Spec
 
 SPEC = Spec(
     "shape_gate",

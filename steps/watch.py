@@ -15,15 +15,19 @@ import signal
 import time
 from typing import Any
 
+from cli.spec import Param, Spec
+from cli.step import log_params, run_step, step_run
 from common.errors import BadInput
 from common.values import none_if_empty, number
 from engines import endpoint, exposition
+from pipeline.promotion import decision_of, require_promoter_key
 from pipeline.watching import FIGURE_EVERY, State, Watched, expected_digest, publish_figure, start_monitor, step
+from registry.access import naming
+from registry.ledger import sanction
 from registry.ledger import watch as policy_
+from registry.ledger.trust import load_trust
 from serving import drift
 from serving.profile import load_profile
-from steps._cli import log_params, run_step, step_run
-from steps._params import Param, Spec
 
 SPEC = Spec(
     "watch",
@@ -48,6 +52,7 @@ def build() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    # deferred: torch comes with these, and --help or refused input needs none of it
     from registry.access import store
 
     state = setup(store.client(), args)
@@ -82,10 +87,6 @@ def run(args: argparse.Namespace) -> int:
 
 def setup(c: Any, args: argparse.Namespace) -> State:
     """What is watched and by what rule; bad input (exit 2) before anything is read twice."""
-    from pipeline.promotion import require_promoter_key
-    from registry.access import naming
-    from registry.ledger import sanction
-
     naming.check_name(args.model, "--model")
     profile = load_profile(args.profile)
     if not profile.operating_points:
@@ -116,7 +117,6 @@ def setup(c: Any, args: argparse.Namespace) -> State:
     window = drift.BaselineWindow(policy.tolerance, policy.baseline_intervals)
     state = State(args.model, args.alias, held.version, expected, k, policy, profile, watched, window=window,
                   positions=len(watched[0].last.per_pos), profile_arg=args.profile)  # fmt: skip
-    from registry.ledger.trust import load_trust
 
     baseline, findings = policy_.recorded_baseline(c, args.model, args.alias, held.version, load_trust())
     for line in findings:
@@ -129,7 +129,6 @@ def setup(c: Any, args: argparse.Namespace) -> State:
 def served_depth(c: Any, args: argparse.Namespace, held: Any) -> int:
     if none_if_empty(args.draft_steps) is not None:
         return int(number(args.draft_steps, "draft_steps", 1, 64, "a whole number of draft tokens"))
-    from pipeline.promotion import decision_of
 
     _, k = decision_of(c, args.model, [args.alias])
     if not k:

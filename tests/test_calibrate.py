@@ -244,7 +244,7 @@ def test_a_calibration_is_signed_and_an_edited_or_noisy_one_counts_for_nothing(t
     step (break-even <= 1, noise) refuses the profile as evidence instead of passing every drafter."""
     from drafter.analysis.fingerprint import target_digest
     from registry.ledger.deployment import deployment
-    from steps.calibrate import write_profile
+    from pipeline.calibration import write_profile
 
     mini = ROOT / "miniworld" / "k2.5-mini"
 

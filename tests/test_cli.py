@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from common.values import none_if_empty
-from steps._cli import _no_secrets
+from cli.step import _no_secrets
 
 
 def test_a_storage_password_never_reaches_a_run():

@@ -201,7 +201,7 @@ def test_a_crash_is_exit_3_with_the_traceback_kept(tmp_path):
 
 def test_main_runs_a_crashed_step_again(tmp_path, monkeypatch):
     """A step that crashed (exit 3) or was killed is never reused; one that finished is."""
-    from steps.main import Pipeline, StepFailed
+    from pipeline.nested import Pipeline, StepFailed
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")

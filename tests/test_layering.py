@@ -16,7 +16,19 @@ ALLOWED = {
     "tuning": {"common", "serving", "reports", "drafter", "registry"},
     "evaluation": {"common", "serving", "reports", "drafter", "engines", "registry"},
     "pipeline": {"common", "serving", "reports", "drafter", "engines", "registry", "evaluation"},
-    "steps": {"common", "serving", "reports", "drafter", "engines", "registry", "tuning", "evaluation", "pipeline"},
+    "cli": {"common", "registry", "tuning"},
+    "steps": {
+        "common",
+        "serving",
+        "reports",
+        "drafter",
+        "engines",
+        "registry",
+        "tuning",
+        "evaluation",
+        "pipeline",
+        "cli",
+    },
     "miniworld": {"common", "drafter"},
 }
 

@@ -1,4 +1,4 @@
-"""Each parameter is declared once, in its step's SPEC (steps/_params.py): argparse is made from it, and
+"""Each parameter is declared once, in its step's SPEC (cli/spec.py): argparse is made from it, and
 MLproject and docs/entry-points.md are written from it and held to it here."""
 
 from __future__ import annotations
@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from steps._params import ENTRY_POINTS, ROOT, render_docs, render_mlproject, spec
+from cli.spec import ENTRY_POINTS, ROOT, render_docs, render_mlproject, spec
 
 
 def test_mlproject_is_written_from_the_specs():
-    assert (ROOT / "MLproject").read_text() == render_mlproject(), "run `python -m steps._params`"
+    assert (ROOT / "MLproject").read_text() == render_mlproject(), "run `python -m cli.spec`"
 
 
 def test_the_entry_points_page_is_written_from_the_specs():
-    assert (ROOT / "docs" / "entry-points.md").read_text() == render_docs(), "run `python -m steps._params`"
+    assert (ROOT / "docs" / "entry-points.md").read_text() == render_docs(), "run `python -m cli.spec`"
 
 
 @pytest.mark.parametrize("name", ENTRY_POINTS)

@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PLUMBING = {"__init__", "_cli", "_params"}  # steps/ modules every step may import
+PLUMBING = {"__init__"}  # steps/ modules that are no entry point
 DRIVEN = {"run", "main", "build"}  # what calling on another step's module drives it through its argv
 
 
@@ -109,8 +109,8 @@ def test_the_check_sees_what_it_forbids(tmp_path):
     bad = tmp_path / "steps" / "bakeoff.py"
     bad.write_text(
         "import subprocess, sys\n"
-        "from steps._cli import open_run\n"
-        "from steps._params import spec\n"
+        "from cli.step import open_run\n"
+        "from cli.spec import spec\n"
         "PROBE = 'from steps import promote; promote.run(None)'\n"  # 4: code in a string is not an import
         "def register():\n"
         "    from steps import import_drafter as imp\n"  # 6
@@ -129,3 +129,51 @@ def test_the_check_sees_what_it_forbids(tmp_path):
     found = problems(bad, {"bakeoff", "promote", "import_drafter", "shape_gate"}, "steps/bakeoff.py")
     assert sorted({int(line.split(":")[1]) for line in found}) == [6, 7, 8, 9, 10, 12, 13, 14, 15], found
     assert all(line.startswith("steps/bakeoff.py:") for line in found)
+
+
+def deferred_without_a_reason(path: Path, root: Path = ROOT) -> list[str]:
+    """Each import inside a function of `path` whose block of imports says nothing of why it is deferred: the
+    first line of each run of imports (or the line above it) carries a comment."""
+    lines = path.read_text().splitlines()
+    tree = ast.parse("\n".join(lines), str(path))
+    found = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            first = node.lineno
+            while first > 2 and (_an_import(lines[first - 2]) or not lines[first - 2].strip()
+                                 and _an_import(lines[first - 3])):  # fmt: skip
+                first -= 1  # the run of imports this one belongs to (isort's blank line between sections inside)
+            said = [lines[first - 1], lines[first - 2] if first > 1 else ""]
+            span = lines[node.lineno - 1 : node.end_lineno]
+            if not any("#" in line for line in [*said, *span]):
+                found.append(f"{path.relative_to(root)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    return found
+
+
+def _an_import(line: str) -> bool:
+    return line.strip().startswith(("import ", "from "))
+
+
+def test_steps_import_at_their_top_and_defer_only_what_says_why():
+    found = [line for path in sorted((ROOT / "steps").glob("*.py")) for line in deferred_without_a_reason(path)]
+    assert found == [], "\n".join(found)
+
+
+def test_the_deferred_import_check_sees_an_unexplained_one(tmp_path):
+    """A run of imports under one comment passes; a lone import without one does not."""
+    (tmp_path / "steps").mkdir()
+    path = tmp_path / "steps" / "x.py"
+    path.write_text("def a():\n    import mlflow  # deferred: seconds\n    import pandas\n\n"
+                    "def b():\n    from registry.access import store\n")  # fmt: skip
+    assert deferred_without_a_reason(path, tmp_path) == ["steps/x.py:6: from registry.access import store"]
+
+
+def test_steps_stay_small():
+    """Steps wire: none over 250 lines, all of them together at most 2,500."""
+    sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "steps").glob("*.py")}
+    assert {name: n for name, n in sizes.items() if n > 250} == {}
+    assert sum(sizes.values()) <= 2500, sizes

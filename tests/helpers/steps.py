@@ -125,7 +125,7 @@ def fresh_process_state() -> None:
     ready, files hashed, keys announced. An in-process step must not see another's."""
     from registry.access import store
     from registry.ledger import signing
-    from steps import _cli
+    from cli import step as _cli
 
     for module in (_cli, store, signing):
         module.forget_process_state()

@@ -4,7 +4,7 @@ and its row in docs/entry-points.md are all made from.
 A `Param` is one `--name value` (or, `flag=True`, a switch). Parameters an MLproject entry point passes are
 strings there (MLflow has no optional parameters: `auto` and `none` stand for "not given", and a step turns
 them into typed values); `cli=True` marks one only the command line has (a progress bar, a local
-interpreter's path, a switch that makes no sense under `mlflow run`). `python -m steps._params` writes
+interpreter's path, a switch that makes no sense under `mlflow run`). `python -m cli.spec` writes
 MLproject and docs/entry-points.md from the specs; tests/test_params.py holds both to them.
 """
 
@@ -69,7 +69,7 @@ class Spec:
     params: tuple[Param, ...] = field(default=())
 
     def parser(self) -> argparse.ArgumentParser:
-        from steps._cli import parser
+        from cli.step import parser
 
         p = parser(self.name, self.doc)
         for param in self.params:
@@ -135,7 +135,7 @@ def spec(name: str) -> Spec:
 
 MLPROJECT_HEAD = """name: drafterops
 
-# Written by `python -m steps._params` from each step's SPEC (steps/_params.py): edit the specs, not this file.
+# Written by `python -m cli.spec` from each step's SPEC (cli/spec.py): edit the specs, not this file.
 # Each entry point is `python -m steps.<name>` with the same parameter names, so every step also runs
 # without `mlflow run`. Use `--env-manager local` where conda is absent.
 conda_env: conda.yaml
@@ -145,7 +145,7 @@ entry_points:
 
 DOCS_HEAD = """# Entry points, in full
 
-Written by `python -m steps._params` from each step's parameter spec (`SPEC` in `steps/<name>.py`), the one
+Written by `python -m cli.spec` from each step's parameter spec (`SPEC` in `steps/<name>.py`), the one
 place a parameter is declared: argparse, MLproject and this page are made from it.
 
 Every entry point is `python -m steps.<name> --<param> value` (what the MLproject command calls), so it runs
