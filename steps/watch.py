@@ -21,7 +21,7 @@ from common.errors import BadInput
 from common.values import none_if_empty, number
 from engines import endpoint, exposition
 from pipeline.promotion import decision_of, require_promoter_key
-from pipeline.watching import FIGURE_EVERY, State, Watched, expected_digest, publish_figure, start_monitor, step
+from pipeline.watching import FIGURE_EVERY, State, Watched, expected_digest, publish_figure, ready, start_monitor, step
 from registry.access import naming
 from registry.ledger import sanction
 from registry.ledger import watch as policy_
@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
                     "policy": state.policy.action, "tolerance": state.policy.tolerance, "draft_steps": state.k,
                     "false_alarm_intervals": state.policy.false_alarm_intervals,
                     "recertify": args.recertify})  # fmt: skip
+        ready()
         code, n = 0, 0
         try:
             while not stop["now"] and (limit == 0 or n < limit):

@@ -243,8 +243,8 @@ def test_a_calibration_is_signed_and_an_edited_or_noisy_one_counts_for_nothing(t
     served; its numbers edited by hand read as a hand-written profile; a cycle timed no dearer than a plain
     step (break-even <= 1, noise) refuses the profile as evidence instead of passing every drafter."""
     from drafter.analysis.fingerprint import target_digest
-    from registry.ledger.deployment import deployment
     from pipeline.calibration import write_profile
+    from registry.ledger.deployment import deployment
 
     mini = ROOT / "miniworld" / "k2.5-mini"
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from common.values import none_if_empty
 from cli.step import _no_secrets
+from common.values import none_if_empty
 
 
 def test_a_storage_password_never_reaches_a_run():

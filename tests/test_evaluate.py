@@ -179,8 +179,8 @@ def test_auto_precision_is_the_one_the_deployment_serves_its_target_at(tmp_path)
 
     from drafter.analysis.fingerprint import target_digest
     from evaluation.conditions import deployment_target, measuring_precision
-    from serving.profile import load_profile
     from pipeline.calibration import write_profile
+    from serving.profile import load_profile
 
     mini = str(ROOT / "miniworld" / "k2.5-mini")
     text = (ROOT / "configs" / "profiles" / "host-vllm.yaml").read_text()

@@ -123,9 +123,9 @@ ZYGOTE = StepZygote()
 def fresh_process_state() -> None:
     """What a new process would not remember: the runs and arguments of the last step, the stores made
     ready, files hashed, keys announced. An in-process step must not see another's."""
+    from cli import step as _cli
     from registry.access import store
     from registry.ledger import signing
-    from cli import step as _cli
 
     for module in (_cli, store, signing):
         module.forget_process_state()
