@@ -21,7 +21,6 @@ from reports.plotting import log_figure
 from reports.scaling import figure, sig
 from serving.cost import break_even_accept_len
 from serving.profile import load_profile
-from serving.scaling import fit
 from tuning.data_needed import Answer, conclude
 from tuning.register import prepare_init
 
@@ -213,25 +212,6 @@ def publish(request: Request, ladder: Ladder, points: list[Any], answer: Answer,
         c, v.name, v.version, f"scale:{profile.name}",
         f"## How much data on `{profile.name}`\n\n{answer.text}\n\nRun {describe.run_md(run_id)}.",
     )  # fmt: skip
-
-
-def half_ladder_check(points, sizes: list[int], ceiling: float) -> dict[str, float]:
-    """How well the curve fitted on the smaller half of the ladder predicts the largest rung (needs 6+
-    rungs): `<start>_half_fit_at_largest` against `<start>_measured_at_largest`."""
-    if len(sizes) < 6:
-        return {}
-    small, largest = sizes[: len(sizes) // 2], max(sizes)
-    out = {}
-    for start in ("warm", "scratch"):
-        mine = [p for p in points if p.start == start and p.samples in small]
-        measured = [p.val_sim_accept_len for p in points if p.start == start and p.samples == largest]
-        try:
-            curve = fit([p.samples for p in mine], [p.val_sim_accept_len for p in mine], ceiling)
-        except (RuntimeError, ValueError):
-            continue
-        out[f"{start}_half_fit_at_largest"] = float(curve(largest))
-        out[f"{start}_measured_at_largest"] = sum(measured) / len(measured)
-    return out
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,6 +18,7 @@ ROOMS = (
     "tuning",
     "evaluation",
     "pipeline",
+    "cli",
     "steps",
     "miniworld",
 )
