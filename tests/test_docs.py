@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ROOMS = ("common", "serving", "reports", "drafter", "engines", "registry", "tuning", "evaluation", "pipeline", "cli",
-         "steps")
+ROOMS = ("common", "serving", "reports", "drafter", "engines", "registry", "tuning", "evaluation", "pipeline")
+ROOMS += ("cli", "steps")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
