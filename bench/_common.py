@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import platform
 import resource
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
 # the drafters the benches train: the mini world's size, and a medium one (a 1 B-class drafter's shapes, scaled)
 MINI_DRAFTER = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=4, head_dim=32,
                     vocab_size=4096, draft_vocab_size=1024, aux_layer_ids=[0, 1, 2])  # fmt: skip
@@ -27,14 +32,46 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def write_results(name: str, rows: list[dict], notes: str = "") -> Path:
-    """bench/results/<name>.json and .md (a markdown table of the rows)."""
-    RESULTS.mkdir(exist_ok=True)
-    meta = {"machine": platform.machine(), "python": platform.python_version(), "notes": notes}
-    (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+def provenance() -> dict:
+    """When, on which commit and by which command a figure was measured: the line docs/measurements/ cites.
+
+    A tree with uncommitted changes (a figure is usually measured before its change is committed) is marked
+    "+changes": the figure belongs to the next commit that touches its result file."""
+    main = sys.modules["__main__"]
+    module = getattr(getattr(main, "__spec__", None), "name", None) or Path(sys.argv[0]).stem
+    command = " ".join(["python -m", module, *map(shlex.quote, sys.argv[1:])])
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short=7", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results", ":(exclude)docs"):
+        commit += "+changes"
+    measured = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    return {"measured": measured, "commit": commit, "command": command}
+
+
+def provenance_line(meta: dict) -> str:
+    """The one line every measured table in docs/measurements/ sits under (tests/test_docs.py reads it)."""
+    return f"Measured {meta['measured']} · commit `{meta['commit']}` · `{meta['command']}`"
+
+
+def markdown_table(rows: list[dict]) -> str:
     cols = list(rows[0])
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
-    md = "\n".join(lines) + ("\n\n" + notes if notes else "") + "\n"
+    return "\n".join(lines + ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows])
+
+
+def write_results(name: str, rows: list[dict], notes: str = "") -> Path:
+    """bench/results/<name>.json and .md (a markdown table of the rows), and docs/measurements/benchmarks.md
+    generated again, so a figure is written down once, with when, where and how it was measured."""
+    from bench.report import write_page
+
+    RESULTS.mkdir(exist_ok=True)
+    meta = {**provenance(), "machine": platform.machine(), "python": platform.python_version(), "notes": notes}
+    (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    md = provenance_line(meta) + "\n\n" + markdown_table(rows) + ("\n\n" + notes if notes else "") + "\n"
     (RESULTS / f"{name}.md").write_text(md)
+    write_page()
     return RESULTS / f"{name}.md"

