@@ -38,7 +38,12 @@ def provenance() -> dict:
     A tree with uncommitted changes (a figure is usually measured before its change is committed) is marked
     "+changes": the figure belongs to the next commit that touches its result file."""
     main = sys.modules["__main__"]
-    module = getattr(getattr(main, "__spec__", None), "name", None) or Path(sys.argv[0]).stem
+    module = getattr(getattr(main, "__spec__", None), "name", None)
+    if not module:  # run as a file: bench/gate.py -> bench.gate
+        script = Path(sys.argv[0]).resolve()
+        module = (
+            ".".join(script.relative_to(ROOT).with_suffix("").parts) if script.is_relative_to(ROOT) else script.stem
+        )
     command = " ".join(["python -m", module, *map(shlex.quote, sys.argv[1:])])
 
     def git(*args: str) -> str:
