@@ -51,7 +51,7 @@ def provenance() -> dict:
         return done.stdout.strip() if done.returncode == 0 else ""
 
     commit = git("rev-parse", "--short=7", "HEAD") or "unknown"
-    if git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results", ":(exclude)docs"):
+    if git("status", "--porcelain", "--", ".", ":(exclude)bench/results", ":(exclude)docs"):
         commit += "+changes"
     measured = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     return {"measured": measured, "commit": commit, "command": command}
