@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
+from bench.report import RESULTS, ROOT, section, write_page
+
 # the drafters the benches train: the mini world's size, and a medium one (a 1 B-class drafter's shapes, scaled)
 MINI_DRAFTER = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=4, head_dim=32,
                     vocab_size=4096, draft_vocab_size=1024, aux_layer_ids=[0, 1, 2])  # fmt: skip
@@ -57,26 +57,13 @@ def provenance() -> dict:
     return {"measured": measured, "commit": commit, "command": command}
 
 
-def provenance_line(meta: dict) -> str:
-    """The one line every measured table in docs/measurements/ sits under (tests/test_docs.py reads it)."""
-    return f"Measured {meta['measured']} · commit `{meta['commit']}` · `{meta['command']}`"
-
-
-def markdown_table(rows: list[dict]) -> str:
-    cols = list(rows[0])
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    return "\n".join(lines + ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows])
-
-
-def write_results(name: str, rows: list[dict], notes: str = "") -> Path:
-    """bench/results/<name>.json and .md (a markdown table of the rows), and docs/measurements/benchmarks.md
-    generated again, so a figure is written down once, with when, where and how it was measured."""
-    from bench.report import write_page
-
+def write_results(name: str, rows: list[dict], notes: str = "") -> str:
+    """bench/results/<name>.json (the rows, with when, where and how they were measured), and
+    docs/measurements/benchmarks.md generated again, so a figure is written down once. Returns the result's
+    section of that page, for the bench to print."""
     RESULTS.mkdir(exist_ok=True)
     meta = {**provenance(), "machine": platform.machine(), "python": platform.python_version(), "notes": notes}
-    (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    md = provenance_line(meta) + "\n\n" + markdown_table(rows) + ("\n\n" + notes if notes else "") + "\n"
-    (RESULTS / f"{name}.md").write_text(md)
+    result = {"meta": meta, "rows": rows}
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     write_page()
-    return RESULTS / f"{name}.md"
+    return section(name, result)

@@ -94,7 +94,7 @@ def main() -> None:
     eq = compare(HiddenStateDataset(store / "val-off"), truth)
     rows.append({"capture": "vLLM, ids handed untranslated (one off), float32", **eq.row()})
     equality_notes = "8 k2.5-val conversations, k2.5-mini, aux layers [1, 3, 4]."
-    print(write_results("capture_equality", rows, equality_notes).read_text(), flush=True)
+    print(write_results("capture_equality", rows, equality_notes), flush=True)
     if "--equality" in sys.argv[1:]:
         return
 
@@ -143,7 +143,7 @@ def main() -> None:
         f"imported aq-mini-eagle3, {json.dumps(FIXED)}, 150 steps, seed 0, validated on the same in-process "
         "capture of the 40 k2.5-val conversations."
     )
-    print(write_results("capture_engine", speed_rows, notes).read_text())
+    print(write_results("capture_engine", speed_rows, notes))
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ def main() -> None:
         rows.append(
             {"what": "peak RSS ratio 10x / 1x", "figure": f"{rss['10x'] / rss['1x']:.3f}", "detail": "goal <= 1.1"}
         )
-    print(write_results("data_io", rows).read_text())
+    print(write_results("data_io", rows))
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ def main() -> None:
         f"{TRAIN['max_len']}, TTT 3, {TRAIN['max_steps']} steps, ZeRO-0 fp32. The two ranks split each global "
         "batch; the cores are the same in both rows, so the ratio is the cost (or gain) of splitting them into ranks."
     )
-    print(write_results("data_parallel", rows, notes).read_text())
+    print(write_results("data_parallel", rows, notes))
 
 
 if __name__ == "__main__":

@@ -124,7 +124,7 @@ def main() -> None:
         "faster than loading that drafter. The K2.5 MLA drafters' heads cover the whole vocabulary: their "
         "layouts ship no t2d (ModelOpt no d2t either), so the gate checks the maps it builds on reading."
     )
-    print(write_results("gate", rows, notes).read_text())
+    print(write_results("gate", rows, notes))
 
 
 if __name__ == "__main__":

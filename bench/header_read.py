@@ -66,7 +66,7 @@ def main() -> None:
         f"K2 drafter shapes from configs/reference ({size / 1e9:.2f} GB logical). Header read is "
         f"{full_s / header_s:.0f}x faster and reads {full_b / max(header_b, 1):.0f}x fewer bytes."
     )
-    print(write_results("header_read", rows, notes).read_text())
+    print(write_results("header_read", rows, notes))
 
 
 if __name__ == "__main__":

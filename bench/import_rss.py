@@ -63,7 +63,7 @@ def main() -> None:
         "Peak RSS of the whole import process (Python + torch + MLflow imports, sha256 streaming, MLflow "
         "copying the files into its artifact store): well under the checkpoint size."
     )
-    print(write_results("import_rss", rows, notes).read_text())
+    print(write_results("import_rss", rows, notes))
 
 
 PROBE = """

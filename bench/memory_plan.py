@@ -167,7 +167,7 @@ def main() -> None:
         f"the plan's 15% margin): {k2_cluster()}"
     )
     name = "memory_plan" if not only else "memory_plan-" + "-".join(only.lower().split())
-    print(write_results(name, rows, notes).read_text())
+    print(write_results(name, rows, notes))
 
 
 if __name__ == "__main__":

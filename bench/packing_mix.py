@@ -166,7 +166,7 @@ def main() -> None:
         f"a warm-up, torch {torch.__version__}, {torch.get_num_threads()} threads."
         + "".join(f" {name} did not run here: {why}." for name, why in refused.items())
     )
-    print(write_results("packing_mix", rows, notes).read_text())
+    print(write_results("packing_mix", rows, notes))
 
 
 if __name__ == "__main__":

@@ -104,7 +104,7 @@ def main() -> None:
         f"Pruning ran {100 * (1 - with_p[1] / without[1]):.0f}% fewer trial-steps. Objective: val_sim_accept_len "
         f"on k2.5-val at {depth} draft steps; trial 0 is the baseline (configs/baseline_trial.yaml)."
     )
-    print(write_results("pruning", rows, notes).read_text())
+    print(write_results("pruning", rows, notes))
 
 
 if __name__ == "__main__":

@@ -188,7 +188,7 @@ def main() -> None:
         f"shapes are the K2 drafter's. python -m bench.rehearsal; torch {torch.__version__}, {os.cpu_count()} CPUs, "
         f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 1024**3:.0f} GiB RAM."
     )
-    print(write_results("rehearsal", rows, notes).read_text())
+    print(write_results("rehearsal", rows, notes))
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ import ast
 import json
 from pathlib import Path
 
-from bench._common import RESULTS, ROOT, markdown_table, provenance_line
-
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
 PAGE = ROOT / "docs" / "measurements" / "benchmarks.md"
 HEAD = """# Benchmarks: the figures
 
@@ -18,6 +18,17 @@ measures and why it matters: [benchmarks](../benchmarks.md). The figures are fro
 machine unless a section says otherwise; a figure measured on a tree with uncommitted changes carries
 `+changes` after its commit (it landed with the next commit that touched its result file).
 """
+
+
+def provenance_line(meta: dict) -> str:
+    """The one line every measured table in docs/measurements/ sits under (tests/test_docs.py reads it)."""
+    return f"Measured {meta['measured']} · commit `{meta['commit']}` · `{meta['command']}`"
+
+
+def markdown_table(rows: list[dict]) -> str:
+    cols = list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    return "\n".join(lines + ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows])
 
 
 def _purpose(command: str) -> str:
@@ -31,22 +42,25 @@ def _purpose(command: str) -> str:
     return " ".join(doc.split("\n\n")[0].split())
 
 
+def section(name: str, result: dict) -> str:
+    """One result's section of the page: its provenance, what the bench measures, its table and its notes."""
+    meta = result["meta"]
+    body = [f"## {name}", "", provenance_line(meta), ""]
+    purpose = _purpose(meta["command"])
+    if purpose:
+        body += [purpose, ""]
+    body.append(markdown_table(result["rows"]))
+    if meta.get("notes"):
+        body += ["", meta["notes"]]
+    return "\n".join(body) + "\n"
+
+
 def render() -> str:
     sections = [HEAD]
     for path in sorted(RESULTS.glob("*.json")):
         result = json.loads(path.read_text())
-        if not isinstance(result, dict) or "rows" not in result or not result["rows"]:
-            continue  # a bench's data file (a replayed trace), not a result
-        meta = result["meta"]
-        notes = meta.get("notes", "")
-        body = [f"## {path.stem}", "", provenance_line(meta), ""]
-        purpose = _purpose(meta["command"])
-        if purpose:
-            body += [purpose, ""]
-        body.append(markdown_table(result["rows"]))
-        if notes:
-            body += ["", notes]
-        sections.append("\n".join(body) + "\n")
+        if isinstance(result, dict) and result.get("rows"):  # not a bench's data file (a replayed trace)
+            sections.append(section(path.stem, result))
     return "\n".join(sections)
 
 

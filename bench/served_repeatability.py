@@ -142,7 +142,7 @@ def main() -> None:
     notes = f"`{command}` (drafter {drafter}, k={a.draft_steps}, {a.max_new_tokens} tokens). Per round:\n\n" + table(
         rows
     )
-    print(write_results(name, summary(rows), notes).read_text())
+    print(write_results(name, summary(rows), notes))
 
 
 def table(rows: list[dict]) -> str:

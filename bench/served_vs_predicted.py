@@ -2,7 +2,7 @@
 drafter in a store made under a calibrated profile: the speed-up the profile predicts from the engine's accept_len at
 each operating point, against the served decode speed-up measured at that load (batch 1, and the run's
 `--concurrency`), with the hand-written `host` profile's prediction beside it. Writes
-bench/results/served_vs_predicted.{md,json}.
+bench/results/served_vs_predicted.json.
 
     python -m bench.served_vs_predicted --store sqlite:///mlflow.db [--profile PATH]
 """
@@ -93,7 +93,7 @@ def main() -> None:
     table = rows(args.store, args.profile)
     if not table:
         raise SystemExit("no evaluate --engine vllm run under a calibrated profile in this store")
-    print(write_results("served_vs_predicted", report_rows(table), args.notes).read_text())
+    print(write_results("served_vs_predicted", report_rows(table), args.notes))
 
 
 if __name__ == "__main__":

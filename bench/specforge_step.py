@@ -212,7 +212,7 @@ def main() -> None:
         f"warm-up (and the median of the {REPS} paired ratios, each pair run back to back), torch "
         f"{torch.__version__}, {torch.get_num_threads()} threads."
     )
-    print(write_results("specforge_step", rows, " ".join(notes)).read_text())
+    print(write_results("specforge_step", rows, " ".join(notes)))
 
 
 if __name__ == "__main__":

@@ -127,7 +127,7 @@ def main() -> None:
                 "detail": "goal <= 1.1",
             }
         )
-    print(write_results("train", rows).read_text())
+    print(write_results("train", rows))
 
 
 if __name__ == "__main__":

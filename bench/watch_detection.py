@@ -170,7 +170,7 @@ def main() -> None:
         f"watched {CAP} intervals at most; one baseline per traffic rate; {args.replays} replays per drop; "
         f"{time.perf_counter() - t0:.0f} s."
     )
-    print(write_results("watch_detection", rows, notes).read_text())
+    print(write_results("watch_detection", rows, notes))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ def test_a_result_records_its_date_commit_and_command_and_the_page_follows(tmp_p
     assert meta["command"] == "python -m bench.gate --moves 3"
     page = (tmp_path / "benchmarks.md").read_text()
     section = page.split("## gate\n", 1)[1]
-    assert section.lstrip().startswith(common.provenance_line(meta))
+    assert section.lstrip().startswith(report.provenance_line(meta))
     assert "| shape gate | 1.3 ms |" in section and "Headers only." in section
     assert "The whole shape gate" in section  # what the bench measures, from its module's docstring
 
