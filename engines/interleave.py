@@ -19,7 +19,7 @@ several servers on one host, not a cost of serving.
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 
 ENGINE_SPIN_S = 1.0  # how long an idle vLLM worker keeps spinning after its last step
 QUIET_S = ENGINE_SPIN_S + 0.1
@@ -32,15 +32,17 @@ def chunk_size(concurrency: int) -> int:
 class Pacer:
     """Before a server is timed right after another, wait until the other's spin has ended."""
 
-    def __init__(self, quiet_s: float = QUIET_S):
+    def __init__(self, quiet_s: float = QUIET_S, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:  # fmt: skip
         self.quiet_s, self.last, self.at = quiet_s, None, 0.0
+        self.clock, self.sleep = clock, sleep
 
     def before(self, server: Hashable) -> None:
         if self.last is not None and server != self.last:
-            time.sleep(max(0.0, self.at + self.quiet_s - time.monotonic()))
+            self.sleep(max(0.0, self.at + self.quiet_s - self.clock()))
 
     def after(self, server: Hashable) -> None:
-        self.last, self.at = server, time.monotonic()
+        self.last, self.at = server, self.clock()
 
 
 def schedule(

@@ -276,12 +276,17 @@ def test_servers_are_timed_chunk_by_chunk_each_on_every_prompt_once_per_round_th
             leads = [order[j * 3][0] for j in range(len(chunks))]
             assert len(set(leads)) == min(3, len(chunks)) and leads[0] == start % 3
 
-    import time
+    # the pacer on a clock of the test's own: what it waits is its rule, not this host's scheduling
+    clock, slept = [100.0], []
 
-    pacer = interleave.Pacer(quiet_s=0.3)
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock[0] += seconds
+
+    pacer = interleave.Pacer(quiet_s=0.3, clock=lambda: clock[0], sleep=sleep)
     pacer.after("a")
-    t0 = time.monotonic()
+    clock[0] += 0.05
     pacer.before("a")  # the same server again: no wait
-    assert time.monotonic() - t0 < 0.1
-    pacer.before("b")
-    assert time.monotonic() - t0 >= 0.29
+    assert sum(slept) == 0
+    pacer.before("b")  # another server: until 0.3 s after the last one's spin ended
+    assert slept[-1] == pytest.approx(0.25) and clock[0] == pytest.approx(100.3)
