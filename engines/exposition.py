@@ -7,12 +7,20 @@ and in older ones only `sglang:spec_accept_length`, the mean tokens per verify c
 started, beside the `sglang:generation_tokens_total` counter (generated tokens / that mean = verify
 cycles, so differences between two reads still give an interval's figure). The text is parsed by
 prometheus_client's own parser; samples are summed over their labels (engines, data-parallel ranks) and
-the model names they carry are kept.
+the model names they carry are kept; given the names the server answers to, samples labelled for another
+model are left out (they are not this server's).
+
+A reading is checked before it counts (`implausible`): counts since the server started, and the differences
+between two reads, obey what speculation can produce (finite, non-negative, accepted at most drafts x depth,
+each position accepting no more than the one before, draft tokens between one and `depth` per draft). An
+exporter glitch (-1, a jump of 1e15, NaN, +Inf) fails one of these and is left out, never read as a drop.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Collection
+from dataclasses import dataclass, replace
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -53,8 +61,9 @@ class Scrape:
             return self.generated / self.mean_accept_len
         return None
 
-    def missing(self) -> list[str]:
-        """What a watch needs and this read lacks."""
+    def missing(self, depth: int = 0) -> list[str]:
+        """What a watch needs and this read lacks; given the served depth, per-position counts for each of its
+        positions (vLLM always exports them; SGLang where it counts by position)."""
         out = []
         if self.cycles is None:
             out.append(f"{self.engine}:{DRAFTS}")
@@ -62,17 +71,21 @@ class Scrape:
             out.append(f"{self.engine}:{ACCEPTED}")
         if self.running is None:
             out.append(f"{self.engine}:{RUNNING[self.engine]}")
+        if depth and (self.per_pos or self.engine == "vllm") and len(self.per_pos) != depth:
+            out.append(f"{self.engine}:{PER_POS} for {depth} positions (it counts {len(self.per_pos)})")
         return out
 
 
-def parse(text: str) -> Scrape:
-    """The speculative counters and the load in an exposition text; NotExposition when it is not one."""
+def parse(text: str, served: Collection[str] | None = None) -> Scrape:
+    """The speculative counters and the load in an exposition text; NotExposition when it is not one. With
+    `served` (the names the server answers to), a sample labelled for any other model is left out."""
     try:
         families = list(text_string_to_metric_families(text))
     except (ValueError, TypeError, IndexError) as exc:
         raise NotExposition(f"not Prometheus' exposition format ({str(exc)[:80]})") from None
     totals: dict[str, float] = {}
     per_pos: dict[int, float] = {}
+    seen: set[tuple[str, tuple]] = set()  # a sample given twice is no exposition (a proxy that doubles lines)
     models: set[str] = set()
     engine = None
     for family in families:
@@ -87,9 +100,20 @@ def parse(text: str) -> Scrape:
         for sample in family.samples:
             if sample.name.endswith(("_created", "_bucket", "_sum", "_count")) and family.type != "gauge":
                 continue
-            models.update(v for k, v in sample.labels.items() if k == "model_name")
+            key = (sample.name, tuple(sorted(sample.labels.items())))
+            if key in seen:
+                raise NotExposition(f"{sample.name} is given twice for the same labels")
+            seen.add(key)
+            model = sample.labels.get("model_name")
+            if served is not None and model is not None and model not in served:
+                continue  # counted for a model this server does not answer to: not its traffic
+            if model is not None:
+                models.add(model)
             if base == PER_POS:
-                pos = int(sample.labels.get("position", 0))
+                label = sample.labels.get("position", "0")
+                if not (label.isascii() and label.isdigit()):
+                    raise NotExposition(f"{family.name} has position {label[:20]!r}, not a whole number")
+                pos = int(label)
                 per_pos[pos] = per_pos.get(pos, 0.0) + float(sample.value)
             else:
                 totals[base] = totals.get(base, 0.0) + float(sample.value)
@@ -128,3 +152,59 @@ def interval_counts(before: Scrape, now: Scrape, depth: int) -> Counts | None:
         gained = (now.generated or 0.0) - (before.generated or 0.0)
         accepted = gained - (now.cycles - before.cycles)
     return Counts(drafts=now.cycles - before.cycles, per_pos=per_pos, accepted=accepted, depth=depth)
+
+
+def difference(before: Scrape, now: Scrape) -> Scrape:
+    """What happened between two reads of one server, field by field (None where either read lacks it)."""
+
+    def minus(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else b - a
+
+    width = min(len(before.per_pos), len(now.per_pos))
+    return replace(
+        now,
+        drafts=minus(before.drafts, now.drafts),
+        draft_tokens=minus(before.draft_tokens, now.draft_tokens),
+        accepted=minus(before.accepted, now.accepted),
+        per_pos=tuple(now.per_pos[i] - before.per_pos[i] for i in range(width)),
+        generated=minus(before.generated, now.generated),
+    )
+
+
+def implausible(s: Scrape, depth: int) -> str | None:
+    """Why these counts (since the server started, or between two reads) cannot come from speculation at
+    `depth` draft tokens per cycle; None when they can. Each reason is a fixed phrase (findings are said
+    once per phrase), the figures go in the finding's line."""
+    values = [s.drafts, s.draft_tokens, s.accepted, *s.per_pos, s.running, s.generated, s.mean_accept_len]
+    if any(v is not None and not math.isfinite(v) for v in values):
+        return "a count that is not a finite number"
+    if any(v is not None and v < 0 for v in values):
+        return "a negative count"
+    if any(b > a for a, b in zip(s.per_pos, s.per_pos[1:], strict=False)):
+        return "a position accepting more drafts than the one before it"
+    drafts = s.drafts
+    if drafts is None:
+        return None  # SGLang's mean: nothing more to hold it to
+    accepted = s.accepted if s.accepted is not None else float(sum(s.per_pos))
+    if s.per_pos and s.per_pos[0] > drafts:
+        return "more drafts accepted at the first position than drafts"
+    if depth and accepted > drafts * depth:
+        return f"more accepted draft tokens than drafts x {depth}"
+    if s.accepted is not None and s.per_pos and abs(s.accepted - sum(s.per_pos)) > 0.5:
+        return "accepted tokens that differ from the sum over positions"
+    if s.draft_tokens is not None and not drafts <= s.draft_tokens <= drafts * max(depth, 1):
+        return f"draft tokens outside one to {depth} per draft"
+    return None
+
+
+def implausible_interval(c: Counts, depth: int) -> str | None:
+    """Why an interval's counts (engines/exposition.interval_counts) cannot be speculation's at `depth`: SGLang's
+    older mean gives accepted drafts by difference, which a glitched mean turns negative or past the drafts."""
+    accepted = c.accepted_total
+    if not all(math.isfinite(v) for v in (c.drafts, accepted)):
+        return "a count that is not a finite number"
+    if c.drafts < 0 or accepted < 0:
+        return "a negative count"
+    if depth and accepted > c.drafts * depth:
+        return f"more accepted draft tokens than drafts x {depth}"
+    return None

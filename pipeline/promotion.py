@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.errors import BadInput, InternalError
+from common.errors import InternalError
 from common.runs import OpenRun
 from common.values import number
 from reports.promotion import verdict
@@ -87,15 +87,12 @@ def promote(terms: Terms, open_run: OpenRun, asked: Mapping[str, object]) -> int
     raise InternalError(f"the chain of {stage} kept moving under {ROUNDS} decisions in a row; try again")
 
 
-def require_promoter_key() -> None:
-    """A promotion signs a sanction: a key no trust list names as a promoter (an evaluator's, say) is refused
-    before anything is read or written."""
-    from registry.ledger.signing import load_key
-    from registry.ledger.trust import PROMOTER, load_trust
+def require_promoter_key(then: str = "") -> None:
+    """A promotion signs a sanction: a key no trust list names as a promoter in service (an evaluator's, a
+    retired one) is refused before anything is read or written."""
+    from registry.ledger.trust import PROMOTER, require_in_service
 
-    key, trust = load_key(), load_trust()
-    if trust.name(PROMOTER, key.id) is None:
-        raise BadInput(f"{key.origin}: signing key {key.id} is not a trusted promoter ({trust.origin})")
+    require_in_service(PROMOTER, then)
 
 
 def judge(c: Any, terms: Terms, moved: list[str] = ()) -> Judgement:

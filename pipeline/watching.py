@@ -5,11 +5,13 @@ parameters and calls `step` once an interval inside its run."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from engines import endpoint, exposition
+from pipeline.readings import SETTLE_INTERVALS, Watched, settled_version, take
 from registry.ledger import audit
 from registry.ledger import watch as policy_
 from reports.plotting import log_figure, pyplot
@@ -18,16 +20,10 @@ from serving import drift
 
 WINDOW = 10  # intervals pooled for the live accept_len held against break-even
 FIGURE_EVERY = 20  # intervals between figures (and one at the end)
+NOTIFY_DEADLINE_S = 10.0  # the webhook's whole call, or a finding
+SLOW_BASELINE = 5  # a baseline not settled after this many times its minimum intervals is said (once)
 
-
-@dataclass
-class Watched:
-    """One endpoint: its last reading, what it serves, and the findings it has had (each said once)."""
-
-    url: str
-    last: exposition.Scrape | None = None
-    version: str = ""
-    said: set[str] = field(default_factory=set)
+__all__ = ["FIGURE_EVERY", "State", "Watched", "expected_digest", "publish_figure", "ready", "start_monitor", "step"]
 
 
 @dataclass
@@ -45,10 +41,16 @@ class State:
     monitor: drift.DropMonitor | None = None
     baseline_run: str = ""
     detections: int = 0
-    positions: int | None = None  # draft positions the engines count (fixed by the first readings)
+    created: int = 0  # the registered model's creation time: with the name, which model this is
     profile_arg: str = ""  # the profile as given (recertify reads the same file)
     recent: list[drift.Counts] = field(default_factory=list)
     history: WatchHistory = field(default_factory=WatchHistory)
+    recertifying: subprocess.Popen | None = None
+    said: set[str] = field(default_factory=set)  # the watch's own findings (not an endpoint's), each said once
+
+    @property
+    def subject(self) -> policy_.Subject:
+        return policy_.Subject(self.name, self.created, self.alias, self.version, self.expected)
 
 
 def expected_digest(c: Any, name: str, version: str, profile: Any) -> str:
@@ -88,6 +90,7 @@ def step(c: Any, state: State, n: int, recertify: bool) -> str | None:
         if got is not None:
             counts.append(got[0])
             running += got[1]
+    poll_recertify(state)
     pooled = pool(counts, state.k)
     live = pooled.accept_len if pooled else None
     state.recent = ([*state.recent, pooled] if pooled else state.recent)[-WINDOW:]
@@ -99,15 +102,24 @@ def step(c: Any, state: State, n: int, recertify: bool) -> str | None:
         metrics |= {"accept_len": live, "drafts": pooled.drafts, **{f"acc_pos_{i}": a for i, a in enumerate(acc_pos)}}
     if be is not None:
         metrics["break_even_at_load"] = be
-    if pooled is not None and state.monitor is None:
-        ready = state.window.add(pooled)
-        if ready is not None:
-            settle(c, state, ready)
-    elif pooled is not None:
-        for alarm in state.monitor.update(pooled):
-            if act(c, state, n, alarm) == "demoted":
-                mlflow.log_metrics(metrics, step=n)
-                return "demoted"
+    try:
+        if pooled is not None and state.monitor is None:
+            ready = state.window.add(pooled)
+            if ready is not None:
+                settle(c, state, ready)
+            elif state.window.intervals >= SLOW_BASELINE * state.window.min_intervals:
+                own_finding(c, state, "slow baseline", f"no baseline after {state.window.intervals} intervals of "
+                            f"counts ({state.window.progress()}): production is not watched yet")  # fmt: skip
+        elif pooled is not None:
+            alarms = state.monitor.update(pooled)
+            if alarms:  # one action an interval; every monitor then starts again, so the next is fresh evidence
+                strongest = max(alarms, key=lambda a: a.statistic / a.threshold)
+                state.monitor.restart()
+                if act(c, state, n, strongest) == "demoted":
+                    mlflow.log_metrics(metrics, step=n)
+                    return "demoted"
+    except ValueError as exc:  # counts of another shape than the baseline's: never counted, said
+        own_finding(c, state, f"shape {exc}", f"an interval's counts do not fit the baseline ({exc}): left out")
     if state.monitor is not None:
         metrics |= {"baseline_accept_len": state.baseline.accept_len, "cusum_pooled": state.monitor.statistics[-1],
                     "cusum_threshold": state.monitor.h}  # fmt: skip
@@ -117,41 +129,31 @@ def step(c: Any, state: State, n: int, recertify: bool) -> str | None:
 
 
 def read_one(c: Any, state: State, w: Watched, recertify: bool) -> tuple[drift.Counts, float] | None:
-    """This endpoint's counts for the interval and its load; None (and a finding, said once) when it has none."""
+    """This endpoint's counts for the interval and its load; None (and a finding, said once) when it has none.
+    Whatever an endpoint answers, it is a finding at worst, never the watch's end."""
     try:
         reading = endpoint.read(w.url)
-    except (endpoint.Unreachable, exposition.NotExposition) as exc:
+    except (endpoint.Unreachable, exposition.NotExposition, endpoint.Malformed) as exc:
         finding(c, state, w, "down", f"{w.url} gave no reading ({exc}); its counts are left out until it answers")
-        w.last = None
+        w.last = w.pending = None
         return None
-    now = reading.scrape
-    if state.expected not in reading.served:
-        finding(c, state, w, "other", f"{w.url} serves {', '.join(reading.served) or 'no named model'}, not "
-                f"{state.expected} (v{state.version} as exported): its counts are not production's")  # fmt: skip
-        w.last = None
+    except Exception as exc:  # noqa: BLE001 (whatever an endpoint answers is a finding, never the watch's end)
+        finding(c, state, w, "unreadable", f"{w.url} gave an answer the watch cannot read ({type(exc).__name__}: "
+                f"{str(exc)[:120]}); its counts are left out")  # fmt: skip
+        w.last = w.pending = None
         return None
-    if w.version and reading.version and reading.version != w.version:
-        finding(c, state, w, f"engine {reading.version}", f"{w.url}: engine {w.version} then, {reading.version} now"
-                + ("; recertify runs" if recertify else ""))  # fmt: skip
+    moved_from = w.version
+    settled = settled_version(w, reading.version)
+    if settled:
+        finding(c, state, w, f"engine {settled}", f"{w.url}: engine {moved_from} then, {settled} now"
+                + ("; recertify runs" if recertify else "") + f" (it held {SETTLE_INTERVALS} readings)")  # fmt: skip
         if recertify:
-            run_recertify(state)
-    w.version = reading.version or w.version
-    missing = now.missing()
-    if state.positions is not None and len(now.per_pos) != state.positions:
-        missing.append(f"vllm:spec_decode_num_accepted_tokens_per_pos for {state.positions} positions")
-    if missing:
-        finding(c, state, w, "missing", f"{w.url} reports no {', '.join(missing)}: its counts are left out")
-        w.last = now
-        return None
-    before, w.last = w.last, now
-    if before is None:
-        return None  # the first reading after a gap starts a new interval
-    counts = exposition.interval_counts(before, now, state.k)
-    if counts is None:
-        finding(c, state, w, f"reset {time.time():.0f}", f"{w.url}: counters went back (the server restarted); the "
-                "interval is left out and counting starts again")  # fmt: skip
-        return None
-    return counts, float(now.running or 0.0)
+            start_recertify(state)
+    got = take(w, reading, state.expected, state.k)
+    if got.finding:
+        key, line = got.finding
+        finding(c, state, w, f"{key} {time.time():.0f}" if key == "reset" else key, line)
+    return None if got.counts is None else (got.counts, got.running)
 
 
 def pool(counts: list[drift.Counts], k: int) -> drift.Counts | None:
@@ -166,10 +168,10 @@ def pool(counts: list[drift.Counts], k: int) -> drift.Counts | None:
 
 def settle(c: Any, state: State, baseline: drift.Baseline) -> None:
     """The baseline, signed into the audit trail, and the monitor started on it."""
-    record = policy_.signed_baseline(state.name, state.alias, state.version, baseline,
-                                     [w.url for w in state.endpoints], ",".join(sorted({w.version for w in
-                                     state.endpoints})), state.policy.tolerance)  # fmt: skip
-    state.baseline_run = policy_.record_baseline(c, state.name, state.alias, state.version, record)
+    record = policy_.signed_baseline(state.subject, baseline, [w.url for w in state.endpoints],
+                                     ",".join(sorted({w.version for w in state.endpoints})),
+                                     state.policy.tolerance)  # fmt: skip
+    state.baseline_run = policy_.record_baseline(c, state.subject, record)
     start_monitor(state, baseline)
     import mlflow
 
@@ -194,17 +196,18 @@ def act(c: Any, state: State, n: int, alarm: drift.Alarm) -> str | None:
         "baseline_run": state.baseline_run,
         "recent": [[x.drafts, *x.per_pos] for x in state.recent],
     }
-    record = policy_.signed_action(state.name, state.alias, state.version, action, reason, detail)
-    policy_.record_action(c, state.name, state.alias, state.version, record)
+    record = policy_.signed_action(state.subject, action, reason, detail)
+    policy_.record_action(c, state.subject, record)
     mlflow.set_tag(f"watch.{action}", reason)
     state.history.events.append((n, action))
     notify(state, action, reason)
     print(f"watch: {action}: {reason}")
     if action == "demote":
         terms = f"{state.profile.name} {state.profile.digest[:16]} watch"
-        if policy_.demote(c, state.name, state.alias, state.version, reason, state.baseline_run, terms):
+        why_not = policy_.demote(c, state.subject, reason, state.baseline_run, terms)
+        if why_not is None:
             return "demoted"
-        print(f"watch: not demoted: {state.alias} was moved by another decision meanwhile")
+        print(f"watch: not demoted: {why_not}")
     return None
 
 
@@ -220,48 +223,82 @@ def economics(c: Any, state: State, running: float) -> None:
             f"{mean:.3f} (+-{2 * se:.3f}) is below break-even {be:.3f}: {advice}")  # fmt: skip
 
 
+def own_finding(c: Any, state: State, key: str, line: str) -> None:
+    """A finding of the watch's own (not one endpoint's), said once per kind."""
+    if key in state.said:
+        return
+    state.said.add(key)
+    _say(c, state, line)
+
+
 def finding(c: Any, state: State, w: Watched, key: str, line: str) -> None:
     """Said once per endpoint and kind: an audit line and the run's note; never an alarm, never an action."""
     if key in w.said:
         return
     w.said.add(key)
+    _say(c, state, line)
+
+
+def _say(c: Any, state: State, line: str) -> None:
     audit.record(c, state.name, state.version, f"watch:{state.alias}:finding", line, alias=state.alias)
     state.history.events.append((len(state.history.accept_len) + 1, "finding"))
     print(f"watch: finding: {line}")
 
 
 def notify(state: State, action: str, reason: str) -> None:
-    """The operator's command (no shell) and webhook; their failures are said, never raised."""
+    """The operator's command (no shell) and webhook, each within its deadline; their failures are said, never
+    raised."""
     import json
     import os
     import shlex
-    import subprocess
     import urllib.request
+
+    from common.deadline import fetch
 
     env = {"DRAFTEROPS_WATCH_ACTION": action, "DRAFTEROPS_WATCH_MODEL": state.name,
            "DRAFTEROPS_WATCH_VERSION": state.version, "DRAFTEROPS_WATCH_REASON": reason}  # fmt: skip
     if state.policy.command:
         try:
             subprocess.run(shlex.split(state.policy.command), env={**os.environ, **env}, timeout=60, check=False)
-        except (OSError, subprocess.SubprocessError) as exc:
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
             print(f"watch: the policy's command failed: {exc}")
     if state.policy.webhook:
         body = json.dumps({k.removeprefix("DRAFTEROPS_WATCH_").lower(): v for k, v in env.items()}).encode()
         try:
             req = urllib.request.Request(state.policy.webhook, body, {"Content-Type": "application/json"})
-            urllib.request.urlopen(req, timeout=10).close()
-        except OSError as exc:
-            print(f"watch: the policy's webhook failed: {exc}")
+            fetch(req, NOTIFY_DEADLINE_S)
+        except Exception as exc:  # noqa: BLE001 (a webhook that answers anything at all never stops the watch)
+            print(f"watch: the policy's webhook failed: {exc or type(exc).__name__}")
 
 
-def run_recertify(state: State) -> None:
-    """recertify as its own process (its own run and rule): the engine under production moved."""
-    import subprocess
+def start_recertify(state: State) -> None:
+    """recertify as its own process (its own run and rule), never waited for inside an interval: the readings
+    go on while it measures. One at a time: a version that settles while one runs is re-checked by it."""
     import sys
 
+    if state.recertifying is not None and state.recertifying.poll() is None:
+        print("watch: recertify is still running for an earlier engine change; not started again")
+        return
     cmd = [sys.executable, "-m", "steps.recertify", "--model", state.name, "--stage", state.alias, "--profile",
            state.profile_arg, "--engine", "vllm"]  # fmt: skip
-    subprocess.run(cmd, check=False, timeout=3600)
+    state.recertifying = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+
+
+def poll_recertify(state: State, wait_s: float = 0.0) -> None:
+    """Say how a recertify the watch started ended, once it has (waiting up to `wait_s` for it)."""
+    proc = state.recertifying
+    if proc is None:
+        return
+    try:
+        code = proc.wait(timeout=wait_s) if wait_s else proc.poll()
+    except subprocess.TimeoutExpired:
+        code = None
+    if code is None:
+        if wait_s:
+            print(f"watch: recertify (pid {proc.pid}) still runs; it finishes and records its decision on its own")
+        return
+    state.recertifying = None
+    print(f"watch: recertify ended with exit {code}")
 
 
 def publish_figure(state: State) -> None:

@@ -216,6 +216,10 @@ class DropMonitor:
     def names(self) -> list[str]:
         return [f"position {i}" for i in range(len(self.baseline.acceptance))] + ["pooled"]
 
+    def restart(self) -> None:
+        """Every statistic back to zero (after an action: what follows is judged on fresh intervals only)."""
+        self.statistics = [0.0] * len(self.statistics)
+
     def update(self, counts: Counts) -> list[Alarm]:
         """The interval's evidence added; the monitors now past the threshold (each then starts again)."""
         pairs = counts.trials()

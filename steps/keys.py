@@ -16,12 +16,13 @@ import datetime as dt
 import os
 import re
 import tempfile
+import time
 from pathlib import Path
 
 from cli.step import parser, run_step
 from common.errors import BadInput
 from registry.ledger import signing
-from registry.ledger.trust import load_trust, trust_path
+from registry.ledger.trust import load_trust, parse_moment, trust_path
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -70,6 +71,11 @@ def retire(name: str, at: str) -> int:
             f"no trust file ({'DRAFTEROPS_TRUST_FILE'} or {signing.home() / 'trust.yaml'}) to retire a key in"
         )
     when = at or dt.datetime.now(dt.timezone.utc).isoformat()
+    moment = parse_moment(when, "--at")
+    if moment > time.time() + signing.CLOCK_SKEW_S:
+        raise BadInput(f"--at {at}: in the future; a key is retired when it is (until then it signs as any key in "
+                       "service), so retire it then")  # fmt: skip
+    path = path.resolve()  # a link (the team's shared file) is written through to its target, never replaced
     line = re.compile(rf"^(\s+){re.escape(name)}:\s*(ed25519:[A-Za-z0-9+/=]+)\s*(#.*)?$")
     text = path.read_text().splitlines(keepends=True)
     changed = [i for i, row in enumerate(text) if line.match(row.rstrip("\n"))]

@@ -21,13 +21,25 @@ from common.errors import BadInput
 from common.values import none_if_empty, number
 from engines import endpoint, exposition
 from pipeline.promotion import decision_of, require_promoter_key
-from pipeline.watching import FIGURE_EVERY, State, Watched, expected_digest, publish_figure, ready, start_monitor, step
+from pipeline.readings import Watched, take
+from pipeline.watching import (
+    FIGURE_EVERY,
+    State,
+    expected_digest,
+    poll_recertify,
+    publish_figure,
+    ready,
+    start_monitor,
+    step,
+)
 from registry.access import naming
 from registry.ledger import sanction
 from registry.ledger import watch as policy_
 from registry.ledger.trust import load_trust
 from serving import drift
 from serving.profile import load_profile
+
+RECERTIFY_WAIT_S = 120  # at the watch's end, how long a recertify it started is waited for
 
 SPEC = Spec(
     "watch",
@@ -82,13 +94,17 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             pass
         publish_figure(state)
+        poll_recertify(state, wait_s=RECERTIFY_WAIT_S)
     print(f"watch: {n} intervals; {state.detections} drop(s) detected" + ("; demoted" if code else ""))
     return code
 
 
 def setup(c: Any, args: argparse.Namespace) -> State:
     """What is watched and by what rule; bad input (exit 2) before anything is read twice."""
+    from registry.access import store  # deferred: torch comes with it, and --help needs none of it
+
     naming.check_name(args.model, "--model")
+    urls = endpoint.base_urls(args.endpoints)
     profile = load_profile(args.profile)
     if not profile.operating_points:
         raise BadInput(f"profile {profile.name} has no calibration by load (operating_points): run calibrate first")
@@ -96,17 +112,17 @@ def setup(c: Any, args: argparse.Namespace) -> State:
     for key, given in (("action", args.policy), ("tolerance", args.tolerance)):
         if none_if_empty(given) is not None:
             raw[key] = given if key == "action" else number(given, key, 0, 0.5, "a relative drop")
-    policy = policy_.Policy(**raw).check(f"profile {profile.name}: watch")
+    policy = policy_.Policy.read(raw, f"profile {profile.name}: watch")
     require_promoter_key()  # actions are signed: refused before anything is watched
+    created = store.model_created(c, args.model)
     held = sanction.holder(c, args.model, args.alias)
     if held.version is None:
         raise BadInput(f"{args.model}: no sanctioned version holds {args.alias}; nothing to watch")
     k = served_depth(c, args, held)
     expected = endpoint.drafter_name(expected_digest(c, args.model, held.version, profile))
-    urls = [u.strip().rstrip("/") for u in args.endpoints.split(",") if u.strip()]
-    if not urls or any(not u.startswith(("http://", "https://")) for u in urls):
-        raise BadInput(f"--endpoints: comma-separated http(s) base URLs, not {args.endpoints!r}")
-    watched = []
+    window = drift.BaselineWindow(policy.tolerance, policy.baseline_intervals)
+    state = State(args.model, args.alias, held.version, expected, k, policy, profile, [], window=window,
+                  created=created, profile_arg=args.profile)  # fmt: skip
     for url in urls:
         try:
             first = endpoint.read(url)
@@ -114,15 +130,21 @@ def setup(c: Any, args: argparse.Namespace) -> State:
             raise BadInput(f"{url}: does not answer ({exc})") from None
         except exposition.NotExposition as exc:
             raise BadInput(f"{url}/metrics: {exc}: not a serving engine's metrics endpoint") from None
-        watched.append(Watched(url, first.scrape, first.version))
-    window = drift.BaselineWindow(policy.tolerance, policy.baseline_intervals)
-    state = State(args.model, args.alias, held.version, expected, k, policy, profile, watched, window=window,
-                  positions=len(watched[0].last.per_pos), profile_arg=args.profile)  # fmt: skip
+        except endpoint.Malformed as exc:
+            raise BadInput(f"{url}: {exc}: not a serving engine's endpoint") from None
+        w = Watched(url, version=first.version)
+        got = take(w, first, expected, k)  # a good first reading is the first interval's base; a bad one is said
+        if got.finding:  # said here, and into the audit trail at the first interval that finds it again
+            print(f"watch: finding: {got.finding[1]}")
+        state.endpoints.append(w)
 
-    baseline, findings = policy_.recorded_baseline(c, args.model, args.alias, held.version, load_trust())
+    baseline, findings = policy_.recorded_baseline(c, state.subject, load_trust())
     for line in findings:
         print(f"watch: finding: {line}")
-    if baseline is not None:  # a restart keeps the baseline production settled on, not today's traffic
+    if baseline is not None and len(baseline.acceptance) != k:
+        print(f"watch: finding: the signed baseline counts {len(baseline.acceptance)} positions, not the served "
+              f"depth {k}: a new one is learnt")  # fmt: skip
+    elif baseline is not None:  # a restart keeps the baseline production settled on, not today's traffic
         start_monitor(state, baseline)
     return state
 

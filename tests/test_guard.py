@@ -312,24 +312,35 @@ def test_the_chain_holds_against_a_flood_an_edited_tag_an_overwrite_and_deletion
         assert any("back from nothing to v2" in a for a in reconcile(c))
     else:
         assert res.returncode == 1 and any("back from nothing to v2" in a for a in reconcile(c))
-    # the holder's sanction overwritten with an old one: that link is lost; the guard holds the newest sanction
-    # it can still verify (a finding says a newer link may be lost), and a move by hand is still reverted
+    # the holder's sanction overwritten with an old one: the link is read from the signed copy its run keeps as
+    # a param (which nobody can change), said as a finding; the holder stays, and a move by hand is reverted
     head = holder(c, NAME, "production").run_id
     (tmp / "saved").mkdir()
     saved = c.download_artifacts(head, SANCTION_FILE, str(tmp / "saved"))
     c.log_artifact(head, old)
     c.set_registered_model_alias(NAME, "production", "3")
-    damaged = holder(c, NAME, "production")
-    assert damaged.damaged and damaged.version != "3" and damaged.run_id != head, damaged
-    done = reconcile(c)
-    assert any("was overwritten" in a for a in done) and any("a newer link may be lost" in a for a in done), done
-    assert live(c) == damaged.version
+    kept = holder(c, NAME, "production")
+    assert kept.version == "2" and kept.run_id == head and not kept.damaged, kept
+    assert any("was overwritten after it was written; the link is read from the signed copy" in f
+               for f in kept.findings), kept.findings  # fmt: skip
+    assert any("v3" in a for a in reconcile(c)) and live(c) == "2"
     sanction_file = Path(c.get_run(head).info.artifact_uri.removeprefix("file://")) / SANCTION_FILE
-    sanction_file.unlink()  # deleted outright (the artifact store's DELETE): the same, a lost link
+    sanction_file.unlink()  # deleted outright (the artifact store's DELETE): the same, the link holds
     c.set_registered_model_alias(NAME, "production", "3")
-    damaged = holder(c, NAME, "production")
-    assert damaged.damaged and any("v3" in a for a in reconcile(c))  # back to the verifiable holder, or cleared
-    assert live(c) == damaged.version != "3"
+    kept = holder(c, NAME, "production")
+    assert kept.version == "2" and any("is missing" in f for f in kept.findings), kept
+    assert any("v3" in a for a in reconcile(c)) and live(c) == "2"
+    # a sanction written before its run kept the signed copy (its param gone, as on such a run): a lost link;
+    # the guard holds the newest sanction it can still verify (a finding says a newer link may be lost)
+    from registry.ledger import sanction as sanction_module
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sanction_module, "RECORD_PARAM", "drafterops.no-such-param")
+        damaged = holder(c, NAME, "production")
+        assert damaged.damaged and damaged.version != "3" and damaged.run_id != head, damaged
+        done = reconcile(c)
+        assert any("is missing" in a for a in done) and any("a newer link may be lost" in a for a in done), done
+        assert live(c) == damaged.version
     c.log_artifact(head, saved)  # put back as it was: the chain reads whole again
     assert hashlib.sha256(Path(saved).read_bytes()).hexdigest() == c.get_run(head).data.params[DIGEST_PARAM]
     assert holder(c, NAME, "production").version == "2"
@@ -379,7 +390,7 @@ def test_one_overwritten_old_sanction_never_disables_the_guard(promoted):
     done = reconcile(c)
     assert any("back from v3 to v2, where promote put it" in a for a in done), done
     assert any(f"audit run {oldest.info.run_id}: its sanction.json was overwritten" in a for a in done), done
-    assert live(c) == "2" and holder(c, NAME, "production").damaged
+    assert live(c) == "2" and not holder(c, NAME, "production").damaged  # read from its signed param copy
     res = run_step("promote", ["--model", f"models:/{NAME}/1", "--profile", str(tmp / "lenient.yaml"), "--margin",
                                "1"], tmp, here=True)  # fmt: skip
     assert res.returncode == 0, res.stdout[-2000:]

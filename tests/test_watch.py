@@ -6,91 +6,33 @@ restarted watch reading its signed baseline back; bad input refused in one line.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import mlflow
 import pytest
 
-from tests.helpers.engine_metrics import EngineMetrics, Script
-from tests.helpers.promotion import evaluate, register_gated, write_profiles
 from tests.helpers.steps import run_step
-
-NAME = "k25-tiny-eagle3"
-POINTS = """operating_points:
-- concurrency: 1
-  share: 0.5
-  plain_tps: 10
-  verify_ms: 30
-  draft_step_ms: 0
-- concurrency: 8
-  share: 0.5
-  plain_tps: 8
-  verify_ms: 40
-  draft_step_ms: 0
-"""
+from tests.helpers.watch import NAME, audit_lines, copy_store, metrics_endpoint, promote_for_watch, run_watch
 
 
 @pytest.fixture(scope="module")
 def promoted(tiny_targets, tmp_path_factory):
-    """v1 of the tiny drafter holds production (promoted on the lenient profile); `watch.yaml` is that
-    deployment calibrated at two loads; the name its export serves under."""
-    tmp = tmp_path_factory.mktemp("watch")
     _, wrapped = tiny_targets
-    write_profiles(tmp, wrapped)
-    register_gated(tmp, wrapped, (1,))
-    evaluate(tmp, f"models:/{NAME}/1", wrapped, tmp / "lenient.yaml")
-    res = run_step("promote", ["--model", f"models:/{NAME}/1", "--profile", str(tmp / "lenient.yaml")], tmp)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    (tmp / "watch.yaml").write_text((tmp / "lenient.yaml").read_text().replace("name: lenient", "name: watched")
-                                    + POINTS)  # fmt: skip
-    res = run_step("export", ["--model", f"models:/{NAME}@production", "--engine", "vllm", "--out",
-                              str(tmp / "export"), "--target", str(wrapped)], tmp)  # fmt: skip
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    served = [a for a in (tmp / "export" / "serve.sh").read_text().split() if a.startswith("drafterops-")]
-    assert len(served) == 1, (tmp / "export" / "serve.sh").read_text()
-    return tmp, served[0]
-
-
-def _store(promoted, tmp_path: Path, policy: str = "") -> Path:
-    """A copy of the promoted store to act on, and the watch profile with `policy` added."""
-    src, _ = promoted
-    shutil.copy(src / "mlflow.db", tmp_path / "mlflow.db")
-    for name in ("many.jsonl", "lenient.yaml"):
-        shutil.copy(src / name, tmp_path / name)
-    (tmp_path / "watch.yaml").write_text((src / "watch.yaml").read_text() + policy)
-    return tmp_path
-
-
-def _watch(tmp: Path, url: str, intervals: int, *extra: str):
-    args = ["--model", NAME, "--endpoints", url, "--profile", str(tmp / "watch.yaml"), "--interval", "0.02",
-            "--max_intervals", str(intervals), "--recertify", "no", *extra]  # fmt: skip
-    return run_step("watch", args, tmp)
-
-
-def _audit(tmp: Path) -> list:
-    c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
-    exp = c.get_experiment_by_name("drafterops-audit").experiment_id
-    return c.search_runs([exp], filter_string="tags.decision LIKE 'watch:%'", order_by=["attributes.start_time"])
-
-
-def _engine(promoted, **script) -> EngineMetrics:
-    _, served = promoted
-    return EngineMetrics(Script(served=("target", served), acceptance=(0.8, 0.6), **script))
+    return promote_for_watch(tmp_path_factory.mktemp("watch"), wrapped)
 
 
 def test_a_baseline_is_learnt_signed_and_quiet_through_a_restart_and_a_gap(promoted, tmp_path):
-    tmp = _store(promoted, tmp_path)
-    engine = _engine(promoted, restart_at=(14,), down=(18,))
+    tmp = copy_store(promoted, tmp_path)
+    engine = metrics_endpoint(promoted, restart_at=(14,), down=(18,))
     try:
-        res = _watch(tmp, engine.url, 36)
+        res = run_watch(tmp, engine.url, 36)
     finally:
         engine.close()
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "watch: baseline accept_len" in res.stdout and "0 drop(s) detected" in res.stdout, res.stdout
-    lines = {r.data.tags["decision"]: r for r in _audit(tmp)}
+    lines = {r.data.tags["decision"]: r for r in audit_lines(tmp)}
     assert "watch:production:baseline" in lines and "watch:production:warn" not in lines
-    reasons = " ".join(r.data.tags["reason"] for r in _audit(tmp))
+    reasons = " ".join(r.data.tags["reason"] for r in audit_lines(tmp))
     assert "counters went back" in reasons and "gave no reading" in reasons
     c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
     record = json.loads(Path(c.download_artifacts(lines["watch:production:baseline"].info.run_id,
@@ -118,8 +60,8 @@ def test_its_lines_reach_a_pipe_as_they_are_printed_and_sigterm_stops_it(promote
 
     from tests.helpers.steps import step_env
 
-    tmp = _store(promoted, tmp_path)
-    engine = _engine(promoted)
+    tmp = copy_store(promoted, tmp_path)
+    engine = metrics_endpoint(promoted)
     env = {k: v for k, v in step_env(tmp).items() if k != "PYTHONUNBUFFERED"}
     args = ["--model", NAME, "--endpoints", engine.url, "--profile", str(tmp / "watch.yaml"), "--interval", "0.05",
             "--max_intervals", "0", "--recertify", "no"]  # fmt: skip
@@ -144,15 +86,15 @@ def test_its_lines_reach_a_pipe_as_they_are_printed_and_sigterm_stops_it(promote
 
 
 def test_a_drop_is_warned_about_then_demoted_by_the_profiles_policy(promoted, tmp_path):
-    tmp = _store(promoted, tmp_path, "watch:\n  action: demote\n")
-    engine = _engine(promoted, drop_at=28, drop=0.3)
+    tmp = copy_store(promoted, tmp_path, "watch:\n  action: demote\n")
+    engine = metrics_endpoint(promoted, drop_at=28, drop=0.3)
     try:
-        res = _watch(tmp, engine.url, 45)
+        res = run_watch(tmp, engine.url, 45)
     finally:
         engine.close()
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
     assert "watch: warn:" in res.stdout and "watch: demote:" in res.stdout and "demoted" in res.stdout
-    decisions = [r.data.tags["decision"] for r in _audit(tmp)]
+    decisions = [r.data.tags["decision"] for r in audit_lines(tmp)]
     assert decisions.index("watch:production:warn") < decisions.index("watch:production:demote")
     c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
     assert "production" not in c.get_registered_model(NAME).aliases
@@ -187,31 +129,33 @@ def _serve(export_store: Path, store: Path):
 def test_another_model_or_a_missing_metric_is_a_finding_never_an_alarm(promoted, tmp_path, fault):
     """The counts drop exactly when the endpoint stops serving production's drafter (or stops counting by
     position): the watch says so and acts on none of it."""
-    tmp = _store(promoted, tmp_path, "watch:\n  action: demote\n")
-    engine = _engine(promoted, drop_at=28, drop=0.3, **{fault: 28})
+    tmp = copy_store(promoted, tmp_path, "watch:\n  action: demote\n")
+    engine = metrics_endpoint(promoted, drop_at=28, drop=0.3, **{fault: 28})
     try:
-        res = _watch(tmp, engine.url, 36)
+        res = run_watch(tmp, engine.url, 36)
     finally:
         engine.close()
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "0 drop(s) detected" in res.stdout
-    said = " ".join(r.data.tags["reason"] for r in _audit(tmp))
+    said = " ".join(r.data.tags["reason"] for r in audit_lines(tmp))
     assert ("serves some-other-model" if fault == "other_at" else "reports no") in said, said
     c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
     assert str(c.get_model_version_by_alias(NAME, "production").version) == "1"
 
 
 def test_a_restarted_watch_keeps_its_signed_baseline_and_ignores_a_planted_one(promoted, tmp_path):
-    tmp = _store(promoted, tmp_path)
-    engine = _engine(promoted)
+    tmp = copy_store(promoted, tmp_path)
+    engine = metrics_endpoint(promoted)
     try:
-        first = _watch(tmp, engine.url, 24)
+        first = run_watch(tmp, engine.url, 24)
         c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+        key = next(r.data.params["drafterops.watch_baseline"] for r in audit_lines(tmp)
+                   if r.data.tags["decision"] == "watch:production:baseline")  # fmt: skip
         planted = c.create_run(c.get_experiment_by_name("drafterops-audit").experiment_id)
-        c.log_param(planted.info.run_id, "drafterops.watch_baseline", f"{NAME}@production@1")
+        c.log_param(planted.info.run_id, "drafterops.watch_baseline", key)  # what finds it, copied
         junk = {"kind": "watch-baseline", "baseline": {"acceptance": [0.99, 0.99]}}
         c.log_text(planted.info.run_id, json.dumps(junk), "watch_baseline.json")
-        again = _watch(tmp, engine.url, 5, "--policy", "demote")
+        again = run_watch(tmp, engine.url, 5, "--policy", "demote")
     finally:
         engine.close()
     assert first.returncode == 0 and "watch: baseline accept_len" in first.stdout, first.stdout + first.stderr
@@ -224,8 +168,8 @@ def test_an_engine_version_that_changed_is_a_finding_and_recertify_runs(promoted
     """recertify runs as its own process; here it finds no vLLM to measure on (an interpreter that is not
     there), so it ends at once with its own exit 2 and run: the watch goes on either way."""
     monkeypatch.setenv("DRAFTEROPS_VLLM_PYTHON", str(tmp_path / "no-such-python"))
-    tmp = _store(promoted, tmp_path)
-    engine = _engine(promoted, version_at=6)
+    tmp = copy_store(promoted, tmp_path)
+    engine = metrics_endpoint(promoted, version_at=6)
     try:
         args = ["--model", NAME, "--endpoints", engine.url, "--profile", str(tmp / "watch.yaml"), "--interval", "0.02",
                 "--max_intervals", "8"]  # fmt: skip
@@ -244,7 +188,7 @@ def test_bad_input_is_one_line_and_exit_2(promoted, tmp_path):
     import http.server
     import threading
 
-    tmp = _store(promoted, tmp_path)
+    tmp = copy_store(promoted, tmp_path)
 
     class Page(http.server.BaseHTTPRequestHandler):
         def log_message(self, *a) -> None:  # noqa: ANN002
@@ -259,7 +203,7 @@ def test_bad_input_is_one_line_and_exit_2(promoted, tmp_path):
 
     page = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
     threading.Thread(target=page.serve_forever, daemon=True).start()
-    engine = _engine(promoted)
+    engine = metrics_endpoint(promoted)
     cases = {
         "not a serving engine's metrics endpoint": ["--endpoints", f"http://127.0.0.1:{page.server_address[1]}"],
         "no calibration by load": ["--endpoints", engine.url, "--profile", str(tmp / "lenient.yaml")],
@@ -277,7 +221,7 @@ def test_bad_input_is_one_line_and_exit_2(promoted, tmp_path):
     finally:
         engine.close()
         page.shutdown()
-    assert not _audit(tmp)  # nothing written
+    assert not audit_lines(tmp)  # nothing written
 
 
 def test_the_figure_draws_an_interval_read_between_two_gaps():

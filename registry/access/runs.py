@@ -36,9 +36,21 @@ def all_experiment_ids(c: Any) -> list[str]:
     each promotion leaves a deleted claim, registry.ledger.succession)."""
     from mlflow.entities import ViewType
 
+    return _experiment_ids(c, ViewType.ALL)
+
+
+def active_experiment_ids(c: Any) -> list[str]:
+    """Every experiment of the store that is not deleted, page by page: what a record may be read from when a
+    deleted experiment must not count (a watch's baseline)."""
+    from mlflow.entities import ViewType
+
+    return _experiment_ids(c, ViewType.ACTIVE_ONLY)
+
+
+def _experiment_ids(c: Any, view: Any) -> list[str]:
     ids, token = [], None
     while True:
-        page = c.search_experiments(view_type=ViewType.ALL, max_results=1000, page_token=token)
+        page = c.search_experiments(view_type=view, max_results=1000, page_token=token)
         ids += [e.experiment_id for e in page]
         token = page.token
         if not token:

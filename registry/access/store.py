@@ -278,3 +278,13 @@ def registry_lock():
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def model_created(c: Any, name: str) -> int:
+    """A registered model's creation time (with its name, which model it is); BadInput when there is none."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return int(c.get_registered_model(name).creation_timestamp or 0)
+    except MlflowException:
+        raise BadInput(f"--model {name}: no registered model of that name") from None

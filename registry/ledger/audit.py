@@ -17,7 +17,15 @@ from registry.access import naming
 
 
 def _audit_experiment(c: Any) -> str:
+    """The audit experiment, made on first use; one deleted by hand is restored, and said so: a decision is
+    never written into a deleted experiment (nor lost with one)."""
     exp = c.get_experiment_by_name(naming.AUDIT_EXPERIMENT)
+    if exp is not None and exp.lifecycle_stage == "deleted":
+        import sys
+
+        c.restore_experiment(exp.experiment_id)
+        print(f"drafterops: the audit experiment {naming.AUDIT_EXPERIMENT} had been deleted; restored, since "
+              "every decision is recorded there", file=sys.stderr)  # fmt: skip
     if exp is not None:
         return exp.experiment_id
     try:
@@ -107,7 +115,8 @@ def move_alias(
                                   figure)  # fmt: skip
         files[sanction.SANCTION_FILE] = text = json.dumps(signed, indent=1)
         params = {sanction.PARAM: sanction.param_value(name, alias),
-                  sanction.DIGEST_PARAM: hashlib.sha256(text.encode()).hexdigest()}  # fmt: skip
+                  sanction.DIGEST_PARAM: hashlib.sha256(text.encode()).hexdigest(),
+                  **sanction.record_param(signed)}  # fmt: skip
     record(c, name, version or "none", f"alias:{alias}", reason, files=files, params=params, alias=alias,
            previous=previous or "none")  # fmt: skip
     if version is None:

@@ -7,8 +7,10 @@ evaluation run, the decision, and the digest of the sanction it follows (`previo
 one model and alias form a chain. It is signed with the promoter's Ed25519 key (registry.ledger.signing, a key
 the trust file lists under trusted_promoters) and kept as `sanction.json` in the decision's audit run,
 found by a param (`drafterops.sanction`, which nobody can change) and checked against the sha256 logged
-beside it. The holder of an alias is read from the chain's head: never from tags, never from a search
-window, so junk runs, edited tags and copies of old sanctions move nothing.
+beside it; the signed record is also kept as a param of that run (`drafterops.sanction_record`), which
+nobody can change, so an overwritten or deleted file loses no link (a clearing stays a clearing). The holder
+of an alias is read from the chain's head: never from tags, never from a search window, so junk runs,
+edited tags and copies of old sanctions move nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from registry.ledger import signing
 SANCTION_FILE = "sanction.json"
 PARAM = "drafterops.sanction"  # "<model>@<alias>" on the audit run: what finds it (a param nobody can change)
 DIGEST_PARAM = "drafterops.sanction_sha256"  # the file's sha256 as written: an overwrite is then seen
+RECORD_PARAM = "drafterops.sanction_record"  # the signed record itself, where it fits a param: nobody can change it
+PARAM_LIMIT = 6000  # MLflow's longest param value
 
 
 def version_files(c: Any, mv: Any) -> dict[str, str]:
@@ -63,6 +67,14 @@ def payload(c: Any, rm: Any, mv: Any | None, alias: str, evidence_run: str, reas
 
 def param_value(name: str, alias: str) -> str:
     return f"{name}@{alias}"
+
+
+def record_param(signed: dict[str, Any]) -> dict[str, str]:
+    """The signed record as a param of its audit run, where it fits (a clearing always does): a file can be
+    overwritten or deleted, a param cannot, so damage to the file never loses the link (a clearing stays a
+    clearing)."""
+    text = json.dumps(signed, sort_keys=True, separators=(",", ":"))
+    return {RECORD_PARAM: text} if len(text) <= PARAM_LIMIT else {}
 
 
 @dataclass(frozen=True)
@@ -171,10 +183,15 @@ def _chain_links(c: Any, rm: Any, alias: str, trust: Any) -> tuple[dict, list[st
             continue
         raw = read_bytes(c, run)
         if raw is None or logged != hashlib.sha256(raw).hexdigest():  # deleted or overwritten: a link may be gone
-            tampered.append(run.info.run_id)
             what = "is missing" if raw is None else "was overwritten after it was written"
-            findings.append(f"audit run {run.info.run_id}: its sanction.json {what}")
-            continue
+            kept = _parse((run.data.params.get(RECORD_PARAM) or "").encode() or None)
+            if kept is None or _refusal(kept, identity, alias, trust):
+                tampered.append(run.info.run_id)
+                findings.append(f"audit run {run.info.run_id}: its sanction.json {what}")
+                continue
+            findings.append(f"audit run {run.info.run_id}: its sanction.json {what}; the link is read from the "
+                            "signed copy its run keeps as a param")  # fmt: skip
+            raw = json.dumps(kept).encode()
         record = _parse(raw)
         why = _refusal(record, identity, alias, trust)
         if why:

@@ -36,6 +36,7 @@ ALGORITHM = "alg"
 ED25519 = "ed25519"
 PUBLIC_PREFIX = "ed25519:"
 KEY_ENV = "DRAFTEROPS_SIGNING_KEY"
+CLOCK_SKEW_S = 300.0  # how far ahead of this host's clock a signer's clock may run before its records are refused
 _ANNOUNCED: set[str] = set()
 _USING: list[Key] = []  # keys `signing_with` holds, innermost last
 
@@ -238,6 +239,9 @@ def verify(payload: dict[str, Any], role: str, trust: Any) -> str | None:
     if payload.get(ALGORITHM) != ED25519:
         return "signed with the shared HMAC key of drafterops before Ed25519 keys, which no longer counts " \
                "(re-evaluate, or re-promote, under an Ed25519 key)"  # fmt: skip
+    ahead = dated_ahead(payload)
+    if ahead:
+        return f"dated {ahead:.0f} s after now (more than the {CLOCK_SKEW_S:.0f} s clocks may differ by)"
     kid = payload.get(KEY_ID)
     found = trust.entry(role, kid)
     if found is None:
@@ -264,6 +268,18 @@ def verify(payload: dict[str, Any], role: str, trust: Any) -> str | None:
     except InvalidSignature:
         return "bad signature (the record was changed after signing)"
     return None
+
+
+def dated_ahead(payload: dict[str, Any], now: float | None = None) -> float:
+    """How far after now a record is dated, when that is more than the clock skew allowed; 0 when it is not.
+    A record from the future would outlive a retirement made before its date: it counts for nothing."""
+    now = time.time() if now is None else now
+    when = signed_time(payload)
+    if when is None:
+        return 0.0
+    if "at" not in payload and "created" not in payload:
+        when -= 86399.0  # a calibration's day counts from its start here
+    return when - now if when - now > CLOCK_SKEW_S else 0.0
 
 
 def signed_time(payload: dict[str, Any]) -> float | None:

@@ -8,7 +8,8 @@ one process succeeds; it writes its sanction (previous = H) and then deletes the
 keep their names, so the claim is never made again). A process that finds the claim taken waits until it is
 released and then re-reads the chain: the head has moved, so it judges again against the new holder (the
 promote that lost re-decides, against what the winner installed). A claim carries its maker's signature (a
-trusted promoter's): one planted by hand is not waited for. A claim released without a sanction (its
+trusted promoter's): one planted by hand counts for nothing anywhere, neither waited for nor taken as a
+takeover. A claim released without a sanction (its
 decision failed) is followed by attempt 1, and so on; a claim held longer than STALE_S by a process that
 died (on a local SQLite store, any claim found under the registry's file lock) is taken over the same way,
 and the dead process, should it wake, finds the next attempt claimed and writes nothing. An in-process lock
@@ -118,9 +119,12 @@ def _signed(experiment: Any, name: str) -> bool:
 
 
 def still_mine(c: Any, claim: Claim) -> bool:
-    """No later attempt took the claim over (checked just before the sanction is written)."""
+    """No later attempt took the claim over (checked just before the sanction is written): only a claim a
+    trusted promoter signed takes one over; an experiment of that name made by hand counts for nothing."""
     rm = c.get_registered_model(claim.model)
-    return c.get_experiment_by_name(claim_name(rm, claim.alias, claim.head, claim.attempt + 1)) is None
+    name = claim_name(rm, claim.alias, claim.head, claim.attempt + 1)
+    later = c.get_experiment_by_name(name)
+    return later is None or not _signed(later, name)
 
 
 def release(c: Any, claim: Claim) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import stat
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -120,6 +121,15 @@ def load_trust() -> Trust:
     return Trust(lists[EVALUATOR], lists[PROMOTER], f"trust file {path}")
 
 
+def require_in_service(role: str, then: str = "") -> None:
+    """This process's signing key is listed for `role` and not retired, by the trust file as it reads now (a
+    long-running service asks before every signature); BadInput saying so, and `then` (what follows), if not."""
+    key, trust = signing.load_key(), load_trust()
+    if trust.name(role, key.id) is None:
+        raise BadInput(f"{key.origin}: signing key {key.id} is not a trusted {role} in service ({trust.origin})"
+                       + (f"; {then}" if then else ""))  # fmt: skip
+
+
 def check_ownership(path: Path) -> None:
     """The trust file and its folder (and, for a link, where it points) owned by this user or root and
     writable by no one else: anyone else who can write either can make themselves a promoter."""
@@ -161,11 +171,14 @@ def _entry(entry: object, where: str) -> TrustedKey:
     if unknown or "key" not in entry:
         raise BadInput(f"{where}: a key is written 'ed25519:...' or {{key: 'ed25519:...', retired: YYYY-MM-DD}}")
     retired = entry.get("retired")
-    return TrustedKey(signing.parse_public(entry["key"], f"{where}.key"), None if retired is None else
-                      _moment(retired, f"{where}.retired"))  # fmt: skip
+    moment = None if retired is None else parse_moment(retired, f"{where}.retired")
+    if moment is not None and moment > time.time() + signing.CLOCK_SKEW_S:
+        raise BadInput(f"{where}.retired: {retired} is in the future; a key retired ahead of time still signs until "
+                       "then: write the date it is retired on, when it is")  # fmt: skip
+    return TrustedKey(signing.parse_public(entry["key"], f"{where}.key"), moment)
 
 
-def _moment(value: object, where: str) -> float:
+def parse_moment(value: object, where: str) -> float:
     """A retirement date (00:00 UTC that day) or time, as epoch seconds."""
     if isinstance(value, str):
         try:

@@ -2,9 +2,13 @@
 
 - The baseline production's live acceptance settled on after promotion is signed with the watch's
   promoter key and kept in an audit run, found by a param (`drafterops.watch_baseline`, which nobody can
-  change) naming the model, alias and version: a watch that restarts reads it back instead of learning a
-  new one from traffic that may already have drifted. A record that does not verify is a finding and is
-  ignored, as any planted run is.
+  change) naming what was watched as a sanction names it: the registered model by name and creation time
+  (a model re-created under the old name is another model), the alias, the version and the served name
+  of the drafter's files. A watch that restarts reads it back, from whichever active experiment holds it
+  (the audit experiment renamed hides nothing), instead of learning a new one from traffic that may
+  already have drifted. A record that does not verify is a finding and is ignored, as any planted run is.
+- Every signature is made with a key the trust file lists as a promoter in service *as it reads now*: a
+  long-running watch whose key is retired while it runs stops signing and says so.
 - A drop detected by serving/drift.py leads to an action by the profile's policy: `warn` (an audit line,
   a tag on the watch's run, the operator's command or webhook) or `demote`, which warns at the first
   detection and clears the alias with a signed sanction at the second (the statistic starts again after
@@ -24,8 +28,9 @@ from common.errors import BadInput
 from registry.ledger import signing
 from serving.drift import Baseline
 
-BASELINE_PARAM = "drafterops.watch_baseline"  # "<model>@<alias>@<version>": what finds a baseline
+BASELINE_PARAM = "drafterops.watch_baseline"  # Subject.key(): what finds a baseline
 BASELINE_FILE = "watch_baseline.json"
+BASELINE_RECORD_PARAM = "drafterops.watch_baseline_record"  # the signed record itself: nobody can change it
 ACTION_FILE = "watch_action.json"
 ACTIONS = ("warn", "demote")
 
@@ -41,6 +46,27 @@ class Policy:
     command: str = ""  # run (no shell) on every action, with DRAFTEROPS_WATCH_* in its environment
     webhook: str = ""  # POSTed a JSON line on every action
 
+    @classmethod
+    def read(cls, raw: dict[str, Any], where: str) -> Policy:
+        """A profile's `watch` section, its numbers read as numbers (YAML reads `1e6` as a string), checked."""
+        unknown = sorted(set(raw) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise BadInput(f"{where}: unknown field(s) {', '.join(unknown)}")
+        values = dict(raw)
+        for key, kind in (("tolerance", float), ("false_alarm_intervals", float), ("baseline_intervals", int)):
+            if key in values and not isinstance(values[key], bool):
+                try:
+                    number = float(values[key])
+                except (TypeError, ValueError):
+                    raise BadInput(f"{where}: {key} must be a number, not {values[key]!r}") from None
+                if kind is int and number != int(number):
+                    raise BadInput(f"{where}: {key} must be a whole number, not {values[key]!r}")
+                values[key] = kind(number)
+        for key in ("action", "command", "webhook"):
+            if key in values and not isinstance(values[key], str):
+                raise BadInput(f"{where}: {key} must be text, not {values[key]!r}")
+        return cls(**values).check(where)
+
     def check(self, where: str) -> Policy:
         if self.action not in ACTIONS:
             raise BadInput(f"{where}: policy action must be one of {', '.join(ACTIONS)}, not {self.action!r}")
@@ -55,18 +81,44 @@ class Policy:
         return self
 
 
-def baseline_key(name: str, alias: str, version: str) -> str:
-    return f"{name}@{alias}@{version}"
+@dataclass(frozen=True)
+class Subject:
+    """What a watch watches, as a sanction names it: the registered model (name and the creation time the
+    store stamped), the alias, the version, and the served name of the files the engines load."""
+
+    name: str
+    created: int
+    alias: str
+    version: str
+    served: str
+
+    def key(self) -> str:
+        return f"{self.name}@{self.created}@{self.alias}@{self.version}@{self.served}"
+
+    def fields(self) -> dict[str, Any]:
+        return {"model": {"name": self.name, "created": self.created}, "alias": self.alias,
+                "version": str(self.version), "served": self.served}  # fmt: skip
 
 
-def signed_baseline(name: str, alias: str, version: str, baseline: Baseline, endpoints: list[str],
-                    engine_version: str, tolerance: float) -> dict[str, Any]:  # fmt: skip
-    return signing.sign(
+def subject(c: Any, name: str, alias: str, version: str, served: str) -> Subject:
+    return Subject(name, int(c.get_registered_model(name).creation_timestamp or 0), alias, str(version), served)
+
+
+def sign(payload: dict[str, Any]) -> dict[str, Any]:
+    """Signed with this process's key, if the trust file (read now, not at start) lists it as a promoter in
+    service; BadInput, saying so, when it was retired or removed meanwhile."""
+    from registry.ledger.trust import PROMOTER, require_in_service
+
+    require_in_service(PROMOTER, "the watch stops signing: restart it with a promoter key in service")
+    return signing.sign(payload)
+
+
+def signed_baseline(who: Subject, baseline: Baseline, endpoints: list[str], engine_version: str,
+                    tolerance: float) -> dict[str, Any]:  # fmt: skip
+    return sign(
         {
             "kind": "watch-baseline",
-            "model": name,
-            "alias": alias,
-            "version": str(version),
+            **who.fields(),
             "baseline": baseline.to_dict(),
             "tolerance": tolerance,
             "endpoints": endpoints,
@@ -76,32 +128,45 @@ def signed_baseline(name: str, alias: str, version: str, baseline: Baseline, end
     )
 
 
-def record_baseline(c: Any, name: str, alias: str, version: str, record: dict[str, Any]) -> str:
+def record_baseline(c: Any, who: Subject, record: dict[str, Any]) -> str:
     """The signed baseline as an audit line of its own; returns its run id."""
     from registry.ledger import audit
 
     b = record["baseline"]
-    summary = (f"live baseline of v{version} @{alias}: accept_len {b['accept_len']:.3f} over {b['intervals']} "
-               f"intervals ({b['drafts']:.0f} verify cycles)")  # fmt: skip
-    return audit.record(c, name, version, f"watch:{alias}:baseline", summary, summary=summary,
+    summary = (f"live baseline of v{who.version} @{who.alias}: accept_len {b['accept_len']:.3f} over "
+               f"{b['intervals']} intervals ({b['drafts']:.0f} verify cycles)")  # fmt: skip
+    return audit.record(c, who.name, who.version, f"watch:{who.alias}:baseline", summary, summary=summary,
                         files={BASELINE_FILE: json.dumps(record, indent=1)},
-                        params={BASELINE_PARAM: baseline_key(name, alias, version)}, alias=alias)  # fmt: skip
+                        params={BASELINE_PARAM: who.key(), **_record_param(record)}, alias=who.alias)  # fmt: skip
 
 
-def recorded_baseline(c: Any, name: str, alias: str, version: str, trust: Any) -> tuple[Baseline | None, list[str]]:
-    """The newest baseline for this holder whose signature holds under a trusted promoter key, and what was
-    wrong with the others (planted, edited, another holder's)."""
-    from registry.access.runs import artifact_bytes, runs_with_param
-    from registry.ledger.audit import _audit_experiment
+def _record_param(record: dict[str, Any]) -> dict[str, str]:
+    """The signed baseline as a param of its run, where it fits: an overwritten file then loses nothing (a watch
+    restarted on traffic that already dropped would otherwise learn the drop as its baseline)."""
+    from registry.ledger.sanction import PARAM_LIMIT
+
+    text = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    return {BASELINE_RECORD_PARAM: text} if len(text) <= PARAM_LIMIT else {}
+
+
+def recorded_baseline(c: Any, who: Subject, trust: Any) -> tuple[Baseline | None, list[str]]:
+    """The newest baseline for this very holder whose signature holds under a trusted promoter key, found in
+    every active experiment, and what was wrong with the others (planted, edited, another holder's)."""
+    from registry.access.runs import active_experiment_ids, artifact_bytes, runs_with_param
 
     found, findings = None, []
-    for run in runs_with_param(c, [_audit_experiment(c)], BASELINE_PARAM, baseline_key(name, alias, version)):
+    for run in runs_with_param(c, active_experiment_ids(c), BASELINE_PARAM, who.key()):
         raw = artifact_bytes(c, run.info.run_id, BASELINE_FILE)
         try:
             record = json.loads(raw or b"")
         except ValueError:
             record = None
-        why = _refusal(record, name, alias, version, trust)
+        kept = run.data.params.get(BASELINE_RECORD_PARAM)
+        if _refusal(record, who, trust) and kept:  # the file damaged: the signed copy the run keeps as a param
+            findings.append(f"baseline run {run.info.run_id}: its {BASELINE_FILE} does not verify; read from the "
+                            "signed copy its run keeps as a param")  # fmt: skip
+            record = json.loads(kept)
+        why = _refusal(record, who, trust)
         if why:
             findings.append(f"baseline run {run.info.run_id}: {why}; ignored")
             continue
@@ -109,14 +174,13 @@ def recorded_baseline(c: Any, name: str, alias: str, version: str, trust: Any) -
     return found, findings
 
 
-def _refusal(record: Any, name: str, alias: str, version: str, trust: Any) -> str | None:
+def _refusal(record: Any, who: Subject, trust: Any) -> str | None:
     if not isinstance(record, dict):
         return "no readable baseline file"
     why = signing.verify(record, "promoter", trust)
     if why:
         return why
-    if (record.get("kind"), record.get("model"), record.get("alias"), record.get("version")) != (
-        "watch-baseline", name, alias, str(version)):  # fmt: skip
+    if record.get("kind") != "watch-baseline" or any(record.get(k) != v for k, v in who.fields().items()):
         return "signed for another holder"
     try:
         Baseline.from_dict(record["baseline"])
@@ -132,33 +196,40 @@ def next_action(policy: Policy, detections: int) -> str:
     return "warn"
 
 
-def signed_action(name: str, alias: str, version: str, action: str, reason: str, detail: dict[str, Any]) -> dict:
-    return signing.sign({"kind": "watch-action", "model": name, "alias": alias, "version": str(version),
-                         "action": action, "reason": reason, "detail": detail, "at": time.time()})  # fmt: skip
+def signed_action(who: Subject, action: str, reason: str, detail: dict[str, Any]) -> dict:
+    return sign({"kind": "watch-action", **who.fields(), "action": action, "reason": reason, "detail": detail,
+                 "at": time.time()})  # fmt: skip
 
 
-def record_action(c: Any, name: str, alias: str, version: str, record: dict[str, Any]) -> str:
+def record_action(c: Any, who: Subject, record: dict[str, Any]) -> str:
     """The action's audit line, its signed record beside it."""
     from registry.ledger import audit
 
-    return audit.record(c, name, version, f"watch:{alias}:{record['action']}", record["reason"],
+    return audit.record(c, who.name, who.version, f"watch:{who.alias}:{record['action']}", record["reason"],
                         summary=record["reason"], files={ACTION_FILE: json.dumps(record, indent=1)},
-                        alias=alias)  # fmt: skip
+                        alias=who.alias)  # fmt: skip
 
 
-def demote(c: Any, name: str, alias: str, version: str, reason: str, evidence_run: str, terms: str) -> bool:
+def demote(c: Any, who: Subject, reason: str, evidence_run: str, terms: str) -> str | None:
     """Clear the alias with a signed sanction (registry.ledger.audit.move_alias) if the version still holds it, after
     claiming the chain's next link as promote and recertify do (registry.ledger.succession: a demotion never forks
-    the chain). False when another decision moved the alias meanwhile: the watch acts only on what it watched."""
+    the chain). None once the clearing holds; else why not (another decision moved the alias meanwhile, or the
+    clearing written does not read back as the chain's head): the watch acts only on what it watched."""
     from registry.ledger import audit, sanction, succession
 
-    held = sanction.holder(c, name, alias)
-    if held.version != str(version):
-        return False
+    held = sanction.holder(c, who.name, who.alias)
+    if held.version != str(who.version):
+        return f"{who.alias} was moved by another decision meanwhile (it holds {held.version or 'nothing'})"
+    sign({"kind": "check"})  # the key is still in service: refused before the chain is claimed
     try:
-        with succession.next_link(c, name, alias, held.head, lambda: sanction.holder(c, name, alias).head) as claim:
-            audit.move_alias(c, name, alias, None, reason, by_promote=True, evidence_run=evidence_run, terms=terms,
-                             claim=claim)  # fmt: skip
+        with succession.next_link(c, who.name, who.alias, held.head,
+                                  lambda: sanction.holder(c, who.name, who.alias).head) as claim:  # fmt: skip
+            audit.move_alias(c, who.name, who.alias, None, reason, by_promote=True, evidence_run=evidence_run,
+                             terms=terms, claim=claim)  # fmt: skip
     except succession.Lost:
-        return False
-    return True
+        return f"{who.alias} was moved by another decision meanwhile"
+    after = sanction.holder(c, who.name, who.alias)
+    if after.version is not None:
+        return (f"the clearing written does not hold: the chain still reads v{after.version} "
+                f"({'; '.join(after.findings) or 'its record did not verify: is this host clock ahead?'})")  # fmt: skip
+    return None
