@@ -134,7 +134,8 @@ def read_one(c: Any, state: State, w: Watched, recertify: bool) -> tuple[drift.C
     try:
         reading = endpoint.read(w.url)
     except (endpoint.Unreachable, exposition.NotExposition, endpoint.Malformed) as exc:
-        finding(c, state, w, "down", f"{w.url} gave no reading ({exc}); its counts are left out until it answers")
+        finding(c, state, w, f"down:{type(exc).__name__}", f"{w.url} gave no reading ({exc}); its counts are left "
+                "out until it answers")  # fmt: skip
         w.last = w.pending = None
         return None
     except Exception as exc:  # noqa: BLE001 (whatever an endpoint answers is a finding, never the watch's end)
