@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from common.deadline import Late, fetch
 from common.errors import BadInput
-from engines.exposition import Scrape, parse
+from engines.exposition import Scrape, engine_of, families, parse
 
 TAG = "drafterops-"
 NOT_LOADED = {"serve.sh", "EXPORT.md"}  # written beside the drafter, never read by the engine
@@ -63,8 +64,6 @@ def drafter_name(digest: str) -> str:
 
 def get(url: str, timeout: float = DEADLINE_S) -> bytes:
     """One answer, whole within `timeout` seconds (a server that drips its answer is as good as down)."""
-    from common.deadline import Late, fetch
-
     try:
         return fetch(url, timeout)
     except urllib.error.HTTPError as exc:
@@ -90,8 +89,8 @@ def read(base: str, timeout: float = DEADLINE_S) -> Reading:
         return remaining
 
     try:
-        text = get(f"{base}/metrics", left()).decode(errors="replace")
-        engine = parse(text).engine
+        parsed = families(get(f"{base}/metrics", left()).decode(errors="replace"))
+        engine = engine_of(parsed)
         left()  # parsing counts against the same deadline
         if engine == "vllm":
             served = _names(_json(base, "/v1/models", left()).get("data", []), f"{base}/v1/models")
@@ -102,7 +101,7 @@ def read(base: str, timeout: float = DEADLINE_S) -> Reading:
             version = _json(base, "/get_server_info", left()).get("version", "")
     except TooSlow:
         raise TooSlow(f"{base}: no whole reading within {timeout:g} s") from None
-    scrape = parse(text, served)
+    scrape = parse(parsed, served)
     left()
     return Reading(scrape, served, str(version) if isinstance(version, (str, int, float)) else "")
 

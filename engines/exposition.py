@@ -76,27 +76,39 @@ class Scrape:
         return out
 
 
-def parse(text: str, served: Collection[str] | None = None) -> Scrape:
-    """The speculative counters and the load in an exposition text; NotExposition when it is not one. With
-    `served` (the names the server answers to), a sample labelled for any other model is left out."""
+def families(text: str) -> list:
+    """The metric families of an exposition text, by prometheus_client's parser; NotExposition when it is not one."""
     try:
-        families = list(text_string_to_metric_families(text))
+        return list(text_string_to_metric_families(text))
     except (ValueError, TypeError, IndexError) as exc:
         raise NotExposition(f"not Prometheus' exposition format ({str(exc)[:80]})") from None
+
+
+def engine_of(parsed: list) -> str:
+    """The serving engine whose metrics these are (the first family named for one)."""
+    for family in parsed:
+        prefix, _, base = family.name.partition(":")
+        if prefix in ENGINES and base:
+            return prefix
+    raise NotExposition("no vllm: or sglang: metrics: not a serving engine's metrics endpoint")
+
+
+def parse(text: str | list, served: Collection[str] | None = None) -> Scrape:
+    """The speculative counters and the load in an exposition text (or its families, parsed once by `families`);
+    NotExposition when it is not one. With `served` (the names the server answers to), a sample labelled for
+    any other model is left out."""
+    parsed = families(text) if isinstance(text, str) else text
+    engine = engine_of(parsed)
     totals: dict[str, float] = {}
     per_pos: dict[int, float] = {}
     seen: set[tuple[str, tuple]] = set()  # a sample given twice is no exposition (a proxy that doubles lines)
     models: set[str] = set()
-    engine = None
-    for family in families:
+    for family in parsed:
         prefix, _, base = family.name.partition(":")
-        if prefix not in ENGINES or not base:
+        if prefix != engine or not base:
             continue
         if family.type == "unknown":  # a counter written without its TYPE line keeps its _total suffix
             base = base.removesuffix("_total")
-        engine = engine or prefix
-        if prefix != engine:
-            continue
         for sample in family.samples:
             if sample.name.endswith(("_created", "_bucket", "_sum", "_count")) and family.type != "gauge":
                 continue
@@ -117,8 +129,6 @@ def parse(text: str, served: Collection[str] | None = None) -> Scrape:
                 per_pos[pos] = per_pos.get(pos, 0.0) + float(sample.value)
             else:
                 totals[base] = totals.get(base, 0.0) + float(sample.value)
-    if engine is None:
-        raise NotExposition("no vllm: or sglang: metrics: not a serving engine's metrics endpoint")
     positions = tuple(per_pos[i] for i in range(len(per_pos))) if set(per_pos) == set(range(len(per_pos))) else ()
     accepted = totals.get(ACCEPTED, sum(positions) if positions else None)
     return Scrape(
@@ -198,13 +208,7 @@ def implausible(s: Scrape, depth: int) -> str | None:
 
 
 def implausible_interval(c: Counts, depth: int) -> str | None:
-    """Why an interval's counts (engines/exposition.interval_counts) cannot be speculation's at `depth`: SGLang's
-    older mean gives accepted drafts by difference, which a glitched mean turns negative or past the drafts."""
-    accepted = c.accepted_total
-    if not all(math.isfinite(v) for v in (c.drafts, accepted)):
-        return "a count that is not a finite number"
-    if c.drafts < 0 or accepted < 0:
-        return "a negative count"
-    if depth and accepted > c.drafts * depth:
-        return f"more accepted draft tokens than drafts x {depth}"
-    return None
+    """Why an interval's counts (`interval_counts`) cannot be speculation's at `depth`, by `implausible`'s rules:
+    SGLang's older mean gives accepted drafts by difference, which a glitched mean turns negative or past the
+    drafts, and which the counters' differences alone do not show."""
+    return implausible(Scrape("", c.drafts, None, c.accepted_total, c.per_pos, None, ()), depth)

@@ -53,18 +53,15 @@ def take(w: Watched, reading: Reading, expected: str, k: int) -> Taken:
     """This reading's interval counts for endpoint `w` (serving `expected` at depth `k`)."""
     now = reading.scrape
     if expected not in reading.served:
-        w.last = w.pending = None
-        return Taken(finding=("other", f"{w.url} serves {', '.join(reading.served) or 'no named model'}, not "
-                                       f"{expected}: its counts are not production's"))  # fmt: skip
+        return _left_out(w, "other", f"{w.url} serves {', '.join(reading.served) or 'no named model'}, not "
+                         f"{expected}: its counts are not production's")  # fmt: skip
     missing = now.missing(k)
     if missing:
-        w.last = w.pending = None
-        return Taken(finding=("missing", f"{w.url} reports no {', '.join(missing)}: its counts are left out"))
+        return _left_out(w, "missing", f"{w.url} reports no {', '.join(missing)}: its counts are left out")
     why = exposition.implausible(now, k)
     if why:
-        w.last = w.pending = None
-        return Taken(finding=(f"implausible:{why}", f"{w.url} reports {why} ({_figures(now)}): the reading is left "
-                                                    "out and counting starts again from the next"))  # fmt: skip
+        return _left_out(w, f"implausible:{why}", f"{w.url} reports {why} ({_figures(now)}): the reading is left "
+                         "out and counting starts again from the next")  # fmt: skip
     before, w.last = w.last, now
     if before is None:
         return Taken()  # the first good reading after a gap is the base of the next interval
@@ -76,11 +73,16 @@ def take(w: Watched, reading: Reading, expected: str, k: int) -> Taken:
                                        "starts again"))  # fmt: skip
     why = exposition.implausible(exposition.difference(before, now), k) or exposition.implausible_interval(counts, k)
     if why:
-        w.last = w.pending = None
-        return Taken(finding=(f"implausible:{why}", f"{w.url}: the interval's counts show {why}: left out, and "
-                                                    "counting starts again from the next reading"))  # fmt: skip
+        return _left_out(w, f"implausible:{why}", f"{w.url}: the interval's counts show {why}: left out, and "
+                         "counting starts again from the next reading")  # fmt: skip
     confirmed, w.pending = w.pending, (counts, float(now.running or 0.0))
     return Taken() if confirmed is None else Taken(*confirmed)
+
+
+def _left_out(w: Watched, key: str, line: str) -> Taken:
+    """A reading that does not count: no base kept, no interval waiting on it, and the finding to say."""
+    w.last = w.pending = None
+    return Taken(finding=(key, line))
 
 
 def settled_version(w: Watched, version: str) -> str | None:

@@ -22,7 +22,16 @@ from tests.helpers.checks import one_line_exit_2
 from tests.helpers.engine_metrics import EngineMetrics, Script
 from tests.helpers.promotion import evaluate, register_gated
 from tests.helpers.steps import run_step
-from tests.helpers.watch import NAME, audit_lines, client, copy_store, metrics_endpoint, promote_for_watch, run_watch
+from tests.helpers.watch import (
+    NAME,
+    audit_lines,
+    client,
+    copy_store,
+    metrics_endpoint,
+    promote_for_watch,
+    run_watch,
+    watch_against,
+)
 
 DEMOTE = "watch:\n  action: demote\n"
 K = 2
@@ -326,11 +335,7 @@ def test_planted_unsigned_claims_block_no_alias_move(promoted, tmp_path):
     rm, head = c.get_registered_model(NAME), sanction.holder(c, NAME, "production").head
     for attempt in (1, 3, 5, 7):
         c.create_experiment(succession.claim_name(rm, "production", head, attempt))
-    engine = metrics_endpoint(promoted, drop_at=28, drop=0.3)
-    try:
-        res = run_watch(tmp, engine.url, 60)
-    finally:
-        engine.close()
+    res = watch_against(promoted, tmp, 60, drop_at=28, drop=0.3)
     assert res.returncode == 1 and "watch: demote:" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
     assert "moved by another decision" not in res.stdout and production(tmp) is None
 
@@ -339,11 +344,7 @@ def test_planted_unsigned_claims_block_no_alias_move(promoted, tmp_path):
 def demoted(promoted, tmp_path_factory):
     """A real 30% drop, warned about and then demoted: the store, the watch's output."""
     tmp = copy_store(promoted, tmp_path_factory.mktemp("demoted"), DEMOTE)
-    engine = metrics_endpoint(promoted, drop_at=28, drop=0.3)
-    try:
-        res = run_watch(tmp, engine.url, 60)
-    finally:
-        engine.close()
+    res = watch_against(promoted, tmp, 60, drop_at=28, drop=0.3)
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
     return tmp, res
 
@@ -439,11 +440,7 @@ def test_a_deleted_audit_experiment_is_restored_and_the_watch_still_demotes(prom
     tmp = copy_store(promoted, tmp_path, DEMOTE)
     c = client(tmp)
     c.delete_experiment(c.get_experiment_by_name("drafterops-audit").experiment_id)
-    engine = metrics_endpoint(promoted, drop_at=28, drop=0.3)
-    try:
-        res = run_watch(tmp, engine.url, 60)
-    finally:
-        engine.close()
+    res = watch_against(promoted, tmp, 60, drop_at=28, drop=0.3)
     assert res.returncode == 1 and "watch: demote:" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
     assert "had been deleted; restored" in res.stderr and production(tmp) is None
 
@@ -504,11 +501,7 @@ def test_glitches_on_a_served_stream_demote_nothing_and_the_baseline_still_settl
     drafts = "vllm:spec_decode_num_drafts"
     faults = {4: {"value": {drafts: "-1"}}, 7: {"value": {drafts: "NaN"}}, 10: {"leave_out": "per_pos"},
               30: {"jump": {drafts: 1e15}}, 34: {"value": {drafts: "+Inf"}}}  # fmt: skip
-    engine = metrics_endpoint(promoted, faults=faults)
-    try:
-        res = run_watch(tmp, engine.url, 40)
-    finally:
-        engine.close()
+    res = watch_against(promoted, tmp, 40, faults=faults)
     assert res.returncode == 0 and "0 drop(s) detected" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
     assert "watch: baseline accept_len" in res.stdout and production(tmp) == "1"
     said = reasons(tmp)
@@ -522,11 +515,7 @@ def test_malformed_answers_are_findings_never_exit_3(promoted, tmp_path):
     faults = [{"position": "x"}, {"cut": 300}, {"models": ["a", "b"]}, {"models": 7}, {"models": {"id": "x"}},
               {"models": [None]}]  # fmt: skip
     tmp = copy_store(promoted, tmp_path, DEMOTE)
-    engine = metrics_endpoint(promoted, faults={4 + 2 * i: fault for i, fault in enumerate(faults)})
-    try:
-        res = run_watch(tmp, engine.url, 18)
-    finally:
-        engine.close()
+    res = watch_against(promoted, tmp, 18, faults={4 + 2 * i: fault for i, fault in enumerate(faults)})
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stdout[-3000:] + res.stderr[-3000:]
     assert "18 intervals" in res.stdout and "watch: finding:" in res.stdout and production(tmp) == "1"
     assert "not a list of models" in reasons(tmp) and "position 'x'" in reasons(tmp), reasons(tmp)
@@ -536,11 +525,15 @@ def test_a_flapping_engine_version_runs_no_recertify(promoted, tmp_path):
     """A rolling upgrade behind one URL answers two versions in turn: on main recertify ran, synchronously, at
     every interval (the watch blind meanwhile); now it runs for a version that holds, never for a flap."""
     tmp = copy_store(promoted, tmp_path)
-    engine = metrics_endpoint(promoted, flap_versions=("0.32.0", "0.33.0"))
-    try:
-        res = run_watch(tmp, engine.url, 12, "--recertify", "yes", DRAFTEROPS_VLLM_PYTHON=str(tmp / "no-python"))
-    finally:
-        engine.close()
+    res = watch_against(
+        promoted,
+        tmp,
+        12,
+        "--recertify",
+        "yes",
+        env={"DRAFTEROPS_VLLM_PYTHON": str(tmp / "no-python")},
+        flap_versions=("0.32.0", "0.33.0"),
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     c = client(tmp)
     runs = c.search_runs([e.experiment_id for e in c.search_experiments()],
@@ -555,11 +548,7 @@ def test_a_key_retired_while_the_watch_runs_signs_nothing_more(promoted, tmp_pat
     trust = _trust_file(tmp_path)
     retire = f"{sys.executable} -m steps.keys retire me"
     tmp = copy_store(promoted, tmp_path, f"watch:\n  action: demote\n  command: {retire}\n")
-    engine = metrics_endpoint(promoted, drop_at=28, drop=0.3)
-    try:
-        res = run_watch(tmp, engine.url, 60, DRAFTEROPS_TRUST_FILE=str(trust))
-    finally:
-        engine.close()
+    res = watch_against(promoted, tmp, 60, env={"DRAFTEROPS_TRUST_FILE": str(trust)}, drop_at=28, drop=0.3)
     one_line_exit_2(res, "is not a trusted promoter in service", "the watch stops signing")
     assert "watch: warn:" in res.stdout and "watch: demote:" not in res.stdout
     assert "retired:" in trust.read_text() and production(tmp) == "1"

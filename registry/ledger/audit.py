@@ -102,7 +102,7 @@ def move_alias(
     previous = current_alias_version(c, name, alias)
     files, params = {}, {}
     if alias in naming.PROTECTED_ALIASES:
-        from registry.ledger import sanction, succession
+        from registry.ledger import sanction, signing, succession
 
         if claim is None or (claim.model, claim.alias) != (name, alias):
             raise ValueError(
@@ -116,7 +116,7 @@ def move_alias(
         files[sanction.SANCTION_FILE] = text = json.dumps(signed, indent=1)
         params = {sanction.PARAM: sanction.param_value(name, alias),
                   sanction.DIGEST_PARAM: hashlib.sha256(text.encode()).hexdigest(),
-                  **sanction.record_param(signed)}  # fmt: skip
+                  **signing.as_param(signed, sanction.RECORD_PARAM)}  # fmt: skip
     record(c, name, version or "none", f"alias:{alias}", reason, files=files, params=params, alias=alias,
            previous=previous or "none")  # fmt: skip
     if version is None:

@@ -27,7 +27,6 @@ SANCTION_FILE = "sanction.json"
 PARAM = "drafterops.sanction"  # "<model>@<alias>" on the audit run: what finds it (a param nobody can change)
 DIGEST_PARAM = "drafterops.sanction_sha256"  # the file's sha256 as written: an overwrite is then seen
 RECORD_PARAM = "drafterops.sanction_record"  # the signed record itself, where it fits a param: nobody can change it
-PARAM_LIMIT = 6000  # MLflow's longest param value
 
 
 def version_files(c: Any, mv: Any) -> dict[str, str]:
@@ -67,14 +66,6 @@ def payload(c: Any, rm: Any, mv: Any | None, alias: str, evidence_run: str, reas
 
 def param_value(name: str, alias: str) -> str:
     return f"{name}@{alias}"
-
-
-def record_param(signed: dict[str, Any]) -> dict[str, str]:
-    """The signed record as a param of its audit run, where it fits (a clearing always does): a file can be
-    overwritten or deleted, a param cannot, so damage to the file never loses the link (a clearing stays a
-    clearing)."""
-    text = json.dumps(signed, sort_keys=True, separators=(",", ":"))
-    return {RECORD_PARAM: text} if len(text) <= PARAM_LIMIT else {}
 
 
 @dataclass(frozen=True)

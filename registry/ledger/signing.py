@@ -282,6 +282,16 @@ def dated_ahead(payload: dict[str, Any], now: float | None = None) -> float:
     return when - now if when - now > CLOCK_SKEW_S else 0.0
 
 
+PARAM_LIMIT = 6000  # MLflow's longest param value
+
+
+def as_param(record: dict[str, Any], name: str) -> dict[str, str]:
+    """A signed record as a run param named `name`, where it fits: a file can be overwritten or deleted, a param
+    cannot, so the record survives damage to its file ({} when it is too long for a param)."""
+    text = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    return {name: text} if len(text) <= PARAM_LIMIT else {}
+
+
 def signed_time(payload: dict[str, Any]) -> float | None:
     """When a record says it was signed (a sanction's `at`, an evaluation's `created`, a calibration's
     date), in epoch seconds; None when it says nothing that reads as a time."""

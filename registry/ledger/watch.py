@@ -100,16 +100,17 @@ class Subject:
                 "version": str(self.version), "served": self.served}  # fmt: skip
 
 
-def subject(c: Any, name: str, alias: str, version: str, served: str) -> Subject:
-    return Subject(name, int(c.get_registered_model(name).creation_timestamp or 0), alias, str(version), served)
-
-
-def sign(payload: dict[str, Any]) -> dict[str, Any]:
-    """Signed with this process's key, if the trust file (read now, not at start) lists it as a promoter in
-    service; BadInput, saying so, when it was retired or removed meanwhile."""
+def key_in_service() -> None:
+    """The trust file, read now (not at start), lists this process's key as a promoter in service; BadInput,
+    saying so, when it was retired or removed meanwhile."""
     from registry.ledger.trust import PROMOTER, require_in_service
 
     require_in_service(PROMOTER, "the watch stops signing: restart it with a promoter key in service")
+
+
+def sign(payload: dict[str, Any]) -> dict[str, Any]:
+    """Signed with this process's key, only while it is in service."""
+    key_in_service()
     return signing.sign(payload)
 
 
@@ -135,18 +136,18 @@ def record_baseline(c: Any, who: Subject, record: dict[str, Any]) -> str:
     b = record["baseline"]
     summary = (f"live baseline of v{who.version} @{who.alias}: accept_len {b['accept_len']:.3f} over "
                f"{b['intervals']} intervals ({b['drafts']:.0f} verify cycles)")  # fmt: skip
-    return audit.record(c, who.name, who.version, f"watch:{who.alias}:baseline", summary, summary=summary,
-                        files={BASELINE_FILE: json.dumps(record, indent=1)},
-                        params={BASELINE_PARAM: who.key(), **_record_param(record)}, alias=who.alias)  # fmt: skip
-
-
-def _record_param(record: dict[str, Any]) -> dict[str, str]:
-    """The signed baseline as a param of its run, where it fits: an overwritten file then loses nothing (a watch
-    restarted on traffic that already dropped would otherwise learn the drop as its baseline)."""
-    from registry.ledger.sanction import PARAM_LIMIT
-
-    text = json.dumps(record, sort_keys=True, separators=(",", ":"))
-    return {BASELINE_RECORD_PARAM: text} if len(text) <= PARAM_LIMIT else {}
+    params = {BASELINE_PARAM: who.key(), **signing.as_param(record, BASELINE_RECORD_PARAM)}
+    return audit.record(
+        c,
+        who.name,
+        who.version,
+        f"watch:{who.alias}:baseline",
+        summary,
+        summary=summary,
+        files={BASELINE_FILE: json.dumps(record, indent=1)},
+        params=params,
+        alias=who.alias,
+    )
 
 
 def recorded_baseline(c: Any, who: Subject, trust: Any) -> tuple[Baseline | None, list[str]]:
@@ -220,7 +221,7 @@ def demote(c: Any, who: Subject, reason: str, evidence_run: str, terms: str) -> 
     held = sanction.holder(c, who.name, who.alias)
     if held.version != str(who.version):
         return f"{who.alias} was moved by another decision meanwhile (it holds {held.version or 'nothing'})"
-    sign({"kind": "check"})  # the key is still in service: refused before the chain is claimed
+    key_in_service()  # refused before the chain is claimed
     try:
         with succession.next_link(c, who.name, who.alias, held.head,
                                   lambda: sanction.holder(c, who.name, who.alias).head) as claim:  # fmt: skip

@@ -76,3 +76,13 @@ def metrics_endpoint(promoted: tuple[Path, str], **script) -> EngineMetrics:
     _, served = promoted
     script.setdefault("acceptance", (0.8, 0.6))
     return EngineMetrics(Script(served=("target", served), **script))
+
+
+def watch_against(promoted: tuple[Path, str], tmp: Path, intervals: int, *extra: str, env: dict | None = None,
+                  **script):  # fmt: skip
+    """The watch run against an endpoint of the tests' own serving `script`, the endpoint closed after."""
+    engine = metrics_endpoint(promoted, **script)
+    try:
+        return run_watch(tmp, engine.url, intervals, *extra, **(env or {}))
+    finally:
+        engine.close()
