@@ -55,6 +55,13 @@ def _traffic(url: str, prompts: list[list[int]], stop: threading.Event, seed: in
         i += 2
 
 
+def _timed_lines(stream, lines: list[str]) -> None:
+    """The watch's lines as they come, each with the seconds since it started (what a failure shows)."""
+    started = time.monotonic()
+    for line in iter(stream.readline, ""):
+        lines.append(f"[{time.monotonic() - started:4.0f}s] {line}")
+
+
 def test_the_watch_detects_the_drop_a_restart_on_other_weights_brings_and_demotes(main_job, vllm_python, tmp_path):
     import mlflow
 
@@ -109,7 +116,7 @@ def test_the_watch_detects_the_drop_a_restart_on_other_weights_brings_and_demote
                                   "demote", "--tolerance", "0.2", "--draft_steps", "3", "--recertify", "no"],
                                  cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True)  # fmt: skip
-        reader = threading.Thread(target=lambda: lines.extend(iter(watch.stdout.readline, "")), daemon=True)
+        reader = threading.Thread(target=_timed_lines, args=(watch.stdout, lines), daemon=True)
         reader.start()
         deadline = time.monotonic() + 420  # two cores shared with the server: the watch has stalled for minutes
         while not any("baseline accept_len" in line for line in lines) and time.monotonic() < deadline:
@@ -118,7 +125,10 @@ def test_the_watch_detects_the_drop_a_restart_on_other_weights_brings_and_demote
         assert any("baseline accept_len" in line for line in lines), "".join(lines)
         first_server.stop()  # the next release of the target: same shapes, other weights
         with server(other, "serve-2.log"):
-            assert watch.wait(timeout=300) == 1, "".join(lines)
+            try:
+                assert watch.wait(timeout=300) == 1, "".join(lines)
+            except subprocess.TimeoutExpired:
+                pytest.fail("no demotion within 300 s of the restart:\n" + "".join(lines))
     finally:
         stop.set()
         first_server.stop()
