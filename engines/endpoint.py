@@ -23,7 +23,7 @@ from common.errors import BadInput
 from engines.exposition import Scrape, engine_of, families, parse
 
 TAG = "drafterops-"
-NOT_LOADED = {"serve.sh", "EXPORT.md"}  # written beside the drafter, never read by the engine
+NOT_LOADED = {"serve.sh", "EXPORT.md", "speculation_profile.json"}  # written beside the drafter, never read by it
 
 
 DEADLINE_S = 10.0  # a whole reading (three answers) within this, or the endpoint counts as down

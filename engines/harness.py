@@ -178,6 +178,7 @@ class ServedRun:
     display = property(lambda self: self.run.engine_version)
     title_suffix = property(lambda self: f" ({self.run.engine_version})")
     accepted = None  # a server reports counters, not each cycle's acceptance
+    histograms = property(lambda self: self.run.histograms)  # each request's, where the engine returns them
     outputs = property(lambda self: self.run.outputs_spec)
 
     def warnings(self, profile: Profile) -> list[str]:

@@ -62,6 +62,13 @@ class InProcessRun:
     def outputs(self) -> list[list[int]]:
         return self.online.outputs
 
+    @property
+    def histograms(self) -> list[tuple[int, ...]]:
+        """Each prompt's verify-step histogram, counted from its decoding trace (serving/acceptance.py)."""
+        from serving.acceptance import from_trace
+
+        return [from_trace(a, self.online.k).steps for a in self.online.accepted]
+
     def metrics(self, profile: Profile) -> dict[str, float]:
         key = (profile.name, profile.digest)
         if key not in self._figures:

@@ -46,6 +46,7 @@ class EngineRun:
     endpoint: str = ""  # a user's server (not launched here)
     attested: bool = True  # the project launched the server with the version's own files
     logs: list[str] = field(default_factory=list)
+    histograms: list[tuple[int, ...]] | None = None  # per prompt h(0..k), from the engine's per-request metrics
 
     @property
     def accept_len(self) -> float:

@@ -41,6 +41,7 @@ class Measurement(Protocol):
     display: str  # how a version page names the engine
     title_suffix: str  # what a figure's title adds to name the engine ("" for the project's own decoder)
     accepted: list[list[int]] | None  # drafts accepted per cycle, per prompt (None: only counters)
+    histograms: list[tuple[int, ...]] | None  # per prompt, verify steps that accepted exactly j drafts (None: unknown)
     outputs: list[list[int]]  # the token ids decoded per prompt (what a lossless engine must reproduce)
 
     @property

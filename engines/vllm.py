@@ -55,8 +55,10 @@ class Settings:
 
 
 def server_command(python: Path, model: Path, port: int, s: Settings, drafter: Path | None,
-                   names: tuple[str, ...] = ()) -> list[str]:  # fmt: skip
-    """The server's command; `names` are served names beside SERVED_NAME (export's says which drafter runs)."""
+                   names: tuple[str, ...] = (), speculates: bool | None = None) -> list[str]:  # fmt: skip
+    """The server's command; `names` are served names beside SERVED_NAME (export's says which drafter runs). A
+    speculating server (one given a drafter, or `speculates`: a speculators folder as the model) returns each
+    request's verify-step histogram with its last chunk (--per-request-spec-decode-metrics)."""
     cmd = [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model), "--served-model-name", SERVED_NAME, *names,
@@ -67,6 +69,8 @@ def server_command(python: Path, model: Path, port: int, s: Settings, drafter: P
     if drafter is not None:
         spec = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": s.k}
         cmd += ["--speculative-config", json.dumps(spec)]
+    if drafter is not None or speculates:
+        cmd += ["--per-request-spec-decode-metrics", "summary"]
     return cmd
 
 
@@ -109,6 +113,14 @@ def _post(url: str, body: dict, timeout: float = 600.0):
 
 def complete(base_url: str, prompt: list[int], s: Settings, seed: int) -> tuple[list[int], float, float]:
     """One streamed completion: (generated token ids, seconds to the first token, seconds in all)."""
+    return complete_counted(base_url, prompt, s, seed)[:3]
+
+
+def complete_counted(
+    base_url: str, prompt: list[int], s: Settings, seed: int
+) -> tuple[list[int], float, float, tuple[int, ...] | None]:
+    """One streamed completion and the verify-step histogram the server returned for it on its last chunk
+    (`metrics.speculative_decoding.acceptance_histogram`; None from a server that returns none)."""
     body = {
         "model": SERVED_NAME,
         "prompt": prompt,
@@ -120,8 +132,10 @@ def complete(base_url: str, prompt: list[int], s: Settings, seed: int) -> tuple[
         "ignore_eos": s.stop_token_id is not None,  # stop only where the in-process decoder stops
         "stop_token_ids": [s.stop_token_id] if s.stop_token_id is not None else [],
         "skip_special_tokens": False,
+        "stream_options": {"include_usage": True},  # the last chunk carries the usage and per-request metrics
     }
     tokens: list[int] = []
+    histogram = None
     t0 = time.perf_counter()
     first = None
     with _post(f"{base_url}/v1/completions", body) as r:
@@ -135,8 +149,18 @@ def complete(base_url: str, prompt: list[int], s: Settings, seed: int) -> tuple[
                 if ids and first is None:
                     first = time.perf_counter() - t0
                 tokens += ids
+            histogram = _histogram(chunk) or histogram
     total = time.perf_counter() - t0
-    return tokens, first if first is not None else total, total
+    return tokens, first if first is not None else total, total, histogram
+
+
+def _histogram(chunk: dict) -> tuple[int, ...] | None:
+    """A chunk's per-request verify-step histogram (index j: steps that accepted exactly j drafts), if any."""
+    spec = ((chunk.get("metrics") or {}).get("speculative_decoding") or {}) if isinstance(chunk, dict) else {}
+    h = spec.get("acceptance_histogram") if isinstance(spec, dict) else None
+    if isinstance(h, list) and h and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in h):
+        return tuple(h)
+    return None
 
 
 def read_counters(base_url: str) -> tuple[dict[str, float], dict[int, float]]:
@@ -198,12 +222,14 @@ def check_endpoint(url: str, spec: bool) -> None:
 
 # ------------------------------------------------------------------------------------------- measure
 def sequential(base_url: str, prompts: list[list[int]], s: Settings, spec: bool, progress: Callable | None):
-    """Batch 1: per-prompt outputs, counter deltas and decode timings."""
-    outputs, per_prompt, accepted_at = [], [], [0] * s.k
+    """Batch 1: per-prompt outputs, counter deltas, decode timings, and each request's verify-step histogram
+    where the server returns them (held to the counters: histogram_mismatch)."""
+    outputs, per_prompt, accepted_at, histograms = [], [], [0] * s.k, []
     dec_tokens, dec_seconds = 0, 0.0
     totals, per_pos = read_counters(base_url) if spec else ({}, {})
     for i, prompt in enumerate(prompts):
-        tokens, first, total = complete(base_url, prompt, s, s.seed + i)
+        tokens, first, total, histogram = complete_counted(base_url, prompt, s, s.seed + i)
+        histograms.append(histogram)
         outputs.append(tokens)
         dec_tokens += max(0, len(tokens) - 1)
         dec_seconds += total - first
@@ -217,7 +243,34 @@ def sequential(base_url: str, prompts: list[list[int]], s: Settings, spec: bool,
             totals, per_pos = after, after_pos
         if progress:
             progress()
-    return outputs, per_prompt, accepted_at, dec_tokens / max(dec_seconds, 1e-9)
+    kept = None
+    if spec and any(h is not None for h in histograms):
+        why = histogram_mismatch(histograms, per_prompt, accepted_at, s.k)
+        if why:
+            raise InternalError(f"vLLM at {base_url}: the per-request acceptance histograms disagree with its "
+                                f"counters over the same requests ({why}); the measurement is refused")  # fmt: skip
+        kept = [tuple(h) for h in histograms]
+    return outputs, per_prompt, accepted_at, dec_tokens / max(dec_seconds, 1e-9), kept
+
+
+def histogram_mismatch(
+    histograms: list[tuple[int, ...] | None], per_prompt: list[tuple[int, int]], accepted_at: list[int], k: int
+) -> str:
+    """Where a server's per-request histograms (h(j), j = 0..k) are not its counters' differences over the same
+    requests: each request's verify steps and accepted drafts, and the pooled accepted count at every position
+    (the steps that accepted more than it). '' when they agree."""
+    for i, (h, (tokens, drafts)) in enumerate(zip(histograms, per_prompt, strict=True)):
+        if h is None or len(h) != k + 1:
+            return f"request {i}: histogram {list(h) if h else h} at {k} draft tokens"
+        steps, accepted = sum(h), sum(j * n for j, n in enumerate(h))
+        if (steps, accepted) != (drafts, tokens - drafts):
+            return (f"request {i}: {steps} steps and {accepted} accepted by its histogram, {drafts} and "
+                    f"{tokens - drafts} by the counters")  # fmt: skip
+    for p in range(k):
+        by_histogram = sum(n for h in histograms for j, n in enumerate(h) if j > p)
+        if by_histogram != accepted_at[p]:
+            return f"position {p}: {by_histogram} accepted by the histograms, {accepted_at[p]} by the counters"
+    return ""
 
 
 def concurrent(base_url: str, prompts: list[list[int]], s: Settings) -> tuple[int, float, int, float]:
@@ -260,7 +313,7 @@ def measure(
 
     def command(draft: Path | None) -> Callable[[int], list[str]]:
         if draft is not None and launch.speculators:  # the folder names its verifier
-            return lambda port: server_command(launch.python, draft, port, s, None)
+            return lambda port: server_command(launch.python, draft, port, s, None, speculates=True)
         return lambda port: server_command(launch.python, launch.target, port, s, draft)
 
     halves = (("spec", launch.drafter, logs[0]), ("baseline", None, logs[1]))[: 2 if s.baseline else 1]
@@ -302,6 +355,7 @@ def measure(
         accepted_at=seq[2],
         outputs_spec=seq[0],
         outputs_base=outputs_base,
+        histograms=seq[4],
         tps_baseline=tps["baseline"],
         tps_spec=tps["spec"],
         concurrency=s.concurrency,
@@ -355,6 +409,7 @@ def _run(version: str, s: Settings, seq, base, starts, aux, logs) -> EngineRun:
     return EngineRun(
         engine="vllm", engine_version=version, k=s.k, per_prompt=seq[1], accepted_at=seq[2], outputs_spec=seq[0],
         outputs_base=base, tps_baseline=None, tps_spec=seq[3], start_seconds=dict(starts), aux=aux, logs=list(logs),
+        histograms=seq[4],
     )  # fmt: skip
 
 
@@ -365,7 +420,7 @@ def measure_endpoint(url: str, engine_version: str, prompts: list[list[int]], s:
     url = url.rstrip("/")
     bar = tqdm(total=len(prompts), desc="endpoint", unit="prompt", disable=not progress)
     try:
-        outputs, per_prompt, accepted_at, tps = sequential(url, prompts, s, True, bar.update)
+        outputs, per_prompt, accepted_at, tps, histograms = sequential(url, prompts, s, True, bar.update)
     finally:
         bar.close()
     if sum(c for _, c in per_prompt) == 0:
@@ -383,4 +438,5 @@ def measure_endpoint(url: str, engine_version: str, prompts: list[list[int]], s:
         concurrency=1,
         endpoint=url,
         attested=False,
+        histograms=histograms,
     )

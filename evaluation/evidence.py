@@ -20,12 +20,14 @@ def evidence_record(request: Request, ev: Evaluation) -> EvidenceRecord:
     from registry.access import store  # torch: the store reads drafter files
 
     measured, mv, profile = ev.measured, ev.mv, request.profile
+    histograms = [list(h) for h in measured.histograms or []]
     counts = [
-        ClassCounts(c.name, c.share, c.sha256, [prompt_key(r) for r in c.records], per, list(lengths))
-        for (c, per), (_, lengths) in zip(
-            by_class(request.classes, measured.per_prompt), by_class(request.classes, ev.contexts or []), strict=True
+        ClassCounts(c.name, c.share, c.sha256, [prompt_key(r) for r in c.records], per, list(lengths), list(hs))
+        for (c, per), (_, lengths), (_, hs) in zip(
+            by_class(request.classes, measured.per_prompt), by_class(request.classes, ev.contexts or []),
+            by_class(request.classes, histograms), strict=True
         )
-    ]
+    ]  # fmt: skip
     return EvidenceRecord(
         model=mv.name if mv is not None else "",
         version=str(mv.version) if mv is not None else "",

@@ -13,7 +13,8 @@ from common.values import none_if_empty
 from engines.vllm import Settings
 from evaluation.request import Request
 from reports.operating import operating_metrics, served_vs_predicted
-from reports.workload import class_positions, context_metrics, figure_metrics, workload_figures
+from reports.workload import by_class, class_positions, context_metrics, figure_metrics, workload_figures
+from serving.acceptance import Histograms, RequestHistogram
 from serving.cost import break_even_accept_len
 from serving.workload import context_figures
 
@@ -36,6 +37,7 @@ class Evaluation:
     contexts: list[int] | None = None  # each prompt's tokens, prompt plus reply (None: not known)
     by_context: list = field(default_factory=list)  # accept_len per context bucket
     trained_on: list[str] = field(default_factory=list)  # measured prompts its lineage was trained on
+    histograms: Histograms | None = None  # every prompt's verify-step histogram (None: the engine gave none)
 
 
 def serving_engine(request: Request) -> Engine | None:
@@ -92,7 +94,25 @@ def measure(request: Request, folder: Path, mv: Any) -> Evaluation:
     out.metrics["break_even_accept_len"] = break_even_accept_len(request.binding)
     if out.measured is not None:
         measure_classes(request, out)
+        record_histograms(request, out)
     return out
+
+
+def record_histograms(request: Request, out: Evaluation) -> None:
+    """The record every acceptance figure derives from (serving/acceptance.py): each prompt's histogram with its
+    class and context length, and the figures only it gives (the per-request mean, the marginals, the rate),
+    named as the engine's where a serving engine measured them."""
+    steps = out.measured.histograms
+    if not steps:
+        return
+    contexts = out.contexts or [0] * len(steps)
+    classes = [c.name for c, per in by_class(request.classes, steps) for _ in per]
+    requests = zip(steps, classes, contexts, strict=True)
+    out.histograms = Histograms(request.k, tuple(RequestHistogram(tuple(h), name, n) for h, name, n in requests))
+    served = out.measured.engine != "in-process"
+    for key, value in out.histograms.metrics().items():
+        if key not in ("accept_len", "verify_steps"):  # accept_len: the measurement's own, already logged
+            out.metrics[names.engine(key) if served else key] = value
 
 
 def warn(measured: Any, binding: Any) -> None:

@@ -73,6 +73,8 @@ def log(request: Request, ev: Evaluation) -> None:
         mlflow.set_tag("mlflow.note.content", f"{note}\n\n{class_markdown(*ev.by_class)}".strip())
     mlflow.log_metrics(ev.metrics, model_id=model_id)  # also on the version's model page
     log_figures(request, ev)
+    if ev.histograms is not None:
+        log_histograms(request, ev)
     if ev.measured is not None and request.records:
         ev_record.log_record(evidence_record(request, ev))
     if ev.mv is not None and ev.measured is not None and request.scope == ev_record.WORKLOAD:
@@ -134,6 +136,32 @@ def log_figures(request: Request, ev: Evaluation) -> None:
         log_figure(
             acceptance_figure(None, ev.offline_acc, f"{ev.name}: offline acceptance"), "acceptance_by_position.png"
         )
+
+
+def log_histograms(request: Request, ev: Evaluation) -> None:
+    """The record every acceptance figure derives from, as a file and a table (the UI compares runs on either
+    mean), and the portable speculation_profile.json (schema 1.0) that travels with the checkpoint."""
+    import mlflow
+    import pandas as pd
+
+    mlflow.log_dict(ev.histograms.to_dict(), "acceptance_histogram.json")
+    mlflow.log_table(pd.DataFrame(ev.histograms.rows()), artifact_file="acceptance_histogram_table.json")
+    mlflow.log_dict(speculation_profile(request, ev), "speculation_profile.json")
+
+
+def speculation_profile(request: Request, ev: Evaluation) -> dict[str, object]:
+    """ModelOpt's schema 1.0 for this evaluation: the drafter and target it measured and the conditions."""
+    from serving import speculation_profile as sp
+
+    measured = ev.measured
+    conditions = {"engine": measured.engine, "engine_version": measured.engine_version,
+                  "deployment_profile": request.binding.name, "prompts": request.scope,
+                  "num_requests": len(ev.histograms.requests), "concurrency": 1,
+                  "temperature": request.temperature, "max_new_tokens": request.max_new,
+                  "target_precision": request.precision}  # fmt: skip
+    drafter = {"id": ev.name, "format": "eagle3", **({"model_version": str(ev.mv.version)} if ev.mv else {})}
+    target = {"id": sp.checkpoint_id(str(request.asked.target))}
+    return sp.build(ev.histograms, "eagle3", drafter, target, conditions)
 
 
 def tag_version(request: Request, ev: Evaluation, run_id: str) -> None:

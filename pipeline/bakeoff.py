@@ -227,6 +227,7 @@ class Outcome:
     seconds: float = 0.0
     winner: str | None = None  # the first in the ranking that is not flagged
     flags: dict[str, str] = field(default_factory=dict)  # label -> why it can never be the winner
+    per_request: dict[str, float] = field(default_factory=dict)  # label -> the mix's per-request mean
 
 
 def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
@@ -237,6 +238,7 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
     from registry.access import store
     from registry.ledger.bakeoff import classes_of, may_promote
     from reports import bakeoff as report
+    from serving.acceptance import mix_per_request
     from serving.cost import break_even_accept_len, priced_for
     from serving.paired import rank
     from serving.workload import class_figures
@@ -252,11 +254,15 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
     counts = {cand.label: classes_of(cand.record, profile) for cand in gated}
     ranking = rank(counts)
     figures = {label: class_figures(parts, be[label]) for label, parts in counts.items()}
+    per_request = {label: mix_per_request([(share, per) for _, share, per in parts]) for label, parts in counts.items()}
+    flipped = report.flips(ranking.order, {label: f[1].accept_len for label, f in figures.items()}, per_request)
     incumbent = next((cand.label for cand in gated if cand.incumbent), None)
     evidence = {cand.label: f"{'evaluated' if cand.evaluated else 'reused'} {cand.record.run_id[:8]}" for cand in gated}
     flags = {cand.label: cand.flag for cand in gated if cand.flag}
     winner = next((label for label in ranking.order if label not in flags), None)  # a flagged one never is
     verdict = report.verdict(ranking, figures, be, profile.name, incumbent, flags)
+    if flipped:
+        verdict += " " + " ".join(flipped)
     code, final, promotion = 0, "ranked; nothing promoted (no --promote)", ""
     if request.promote and winner is None:
         code, promotion = 1, "not promoted: every candidate is flagged"
@@ -281,13 +287,13 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
     text = "\n".join([
         verdict, "", f"## compare on {profile.name} ({request.engine}, k={profile.draft_steps})", "", who,
         *(["", "Left out:", *left_out] if left_out else []), "",
-        report.markdown(ranking, figures, be, floor, share, incumbent, evidence, flags), "",
+        report.markdown(ranking, figures, be, floor, share, incumbent, evidence, flags, per_request), "",
         *([said for said in pricing if said] + [""] if any(pricing) else []),
         "Every pair (paired: the same prompts resampled for both; unpaired: each resampled on its own):", "",
         report.pairs_markdown(ranking), "", f"The child evaluations side by side: {link}",
     ])  # fmt: skip
     return Outcome(ranking, figures, be, incumbent, text, verdict, final, code, link, run.run_id, promotion,
-                   winner=winner, flags=flags)  # fmt: skip
+                   winner=winner, flags=flags, per_request=per_request)  # fmt: skip
 
 
 def promote_winner(cand: Candidate, request: Request) -> int:

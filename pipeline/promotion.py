@@ -222,6 +222,32 @@ def recommended_depth(profile, ev) -> str:
     return "; ".join(depth_sentences(profile, ev.accept_len, list(ev.acc_pos) or None, profile.draft_steps))
 
 
+def decided_profile(c, run_id: str, k: int, checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """speculation_profile.json for an export: the figures of the signed record the alias was decided on, when it
+    carries verify-step histograms at the exported depth; else ModelOpt's unmeasured placeholder (`measured`
+    false), so that a reader finds no figure rather than one measured at another depth or none at all."""
+    from registry.ledger.evidence import record as evidence_record
+    from registry.ledger.evidence import verify as evidence_verify
+    from serving import speculation_profile as sp
+
+    rec = None
+    if run_id:
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                path = c.download_artifacts(run_id, evidence_record.EVIDENCE_FILE, tmp)
+                rec = evidence_verify.read_record(Path(path).read_text(), run_id)
+            except Exception:  # noqa: BLE001  (an unreadable record gives no figures: the placeholder says so)
+                rec = None
+    hist = rec.histograms() if rec is not None else None
+    if hist is None or rec.draft_steps != k or not hist.verify_steps:
+        return sp.stub(k, "eagle3", checkpoint)
+    conditions = {"engine": rec.engine, "engine_version": rec.engine_version, "deployment_profile": rec.profile,
+                  "prompts": rec.scope, "num_requests": len(hist.requests), "concurrency": 1,
+                  "temperature": rec.temperature, "max_new_tokens": rec.max_new_tokens,
+                  "target_precision": rec.target_precision, "evidence_run": run_id}  # fmt: skip
+    return sp.build(hist, "eagle3", checkpoint, {"id": sp.checkpoint_id(rec.target)}, conditions)
+
+
 def decision_of(c, name: str, aliases: list[str]) -> tuple[str, int | None]:
     """The evaluation run the serving alias was decided on, and its draft depth (from the signed record)."""
     from registry.ledger import sanction

@@ -30,10 +30,10 @@ def rank_label(ranking: Ranking, label: str) -> str:
 
 def rows(ranking: Ranking, figures: Figures, break_even: BreakEven, floor: float, min_share: float,
          incumbent: str | None, evidence: dict[str, str], flags: dict[str, str] | None = None,
-         ) -> list[dict[str, object]]:  # fmt: skip
-    """One row per drafter, best first: the mix, the difference to the incumbent, each class's figure and
-    projected speed-up against the class floor (classes under min_share of traffic are not held to it), and
-    why a flagged drafter can never be the winner."""
+         per_request: dict[str, float] | None = None) -> list[dict[str, object]]:  # fmt: skip
+    """One row per drafter, best first: the mix (pooled, and the per-request mean beside it where given), the
+    difference to the incumbent, each class's figure and projected speed-up against the class floor (classes
+    under min_share of traffic are not held to it), and why a flagged drafter can never be the winner."""
     out = []
     for label in ranking.order:
         classes, mix = figures[label]
@@ -43,6 +43,7 @@ def rows(ranking: Ranking, figures: Figures, break_even: BreakEven, floor: float
             "drafter": label,
             "flag": (flags or {}).get(label, ""),
             "accept_len": mix.accept_len,
+            **({"accept_len_per_request": per_request[label]} if per_request and label in per_request else {}),
             "ci_low": mix.ci_low,
             "ci_high": mix.ci_high,
             "projected_speedup": mix.speedup,
@@ -64,25 +65,31 @@ def rows(ranking: Ranking, figures: Figures, break_even: BreakEven, floor: float
 
 
 def markdown(ranking: Ranking, figures: Figures, break_even: BreakEven, floor: float, min_share: float,
-             incumbent: str | None, evidence: dict[str, str], flags: dict[str, str] | None = None) -> str:  # fmt: skip
-    """The ranking table, then the per-class table (figure [95% CI] and speed-up against the floor)."""
+             incumbent: str | None, evidence: dict[str, str], flags: dict[str, str] | None = None,
+             per_request: dict[str, float] | None = None) -> str:  # fmt: skip
+    """The ranking table (the pooled mix, with the per-request mean beside it where given), then the per-class
+    table (figure [95% CI] and speed-up against the floor)."""
     names = [c.name for c in figures[ranking.order[0]][0]]
     inc = incumbent is not None
     shared = one_break_even(break_even)
+    both = bool(per_request)
     lines = [
-        "| rank | drafter | traffic-mix accept_len [95% CI] | speed-up | "
+        "| rank | drafter | traffic-mix accept_len [95% CI] | "
+        + ("per-request mean | " if both else "")
+        + "speed-up | "
         + (f"break-even {shared:.2f}" if shared is not None else "break-even (its own draft steps')")
         + " |"
         + (" vs incumbent [paired 95% CI] |" if inc else "")
         + " evidence |",
-        "|---|---|---|---|---|" + ("---|" if inc else "") + "---|",
+        "|---|---|---|---|---|" + ("---|" if both else "") + ("---|" if inc else "") + "---|",
     ]
-    for row in rows(ranking, figures, break_even, floor, min_share, incumbent, evidence, flags):
+    for row in rows(ranking, figures, break_even, floor, min_share, incumbent, evidence, flags, per_request):
         label = row["drafter"]
         own = "" if shared is not None else f" ({row['break_even']:.2f})"
         flag = f" **flagged: {row['flag']}**" if row["flag"] else ""
         cells = [str(row["rank"]), f"{label}" + (" (incumbent)" if label == incumbent else "") + flag,
                  f"{row['accept_len']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]",
+                 *([f"{row.get('accept_len_per_request', float('nan')):.3f}"] if both else []),
                  f"{row['projected_speedup']:.2f}x", str(row["beats_break_even"]) + own]  # fmt: skip
         if inc:
             cells.append(
@@ -105,6 +112,16 @@ def markdown(ranking: Ranking, figures: Figures, break_even: BreakEven, floor: f
                          + (" **below floor**" if below else ""))  # fmt: skip
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def flips(order: list[str], pooled: dict[str, float], per_request: dict[str, float]) -> list[str]:
+    """A sentence for each pair (the first against every other, and each against the next) that the two means
+    order oppositely; the ranking follows the pooled one (serving/acceptance.ranking_flip)."""
+    from serving.acceptance import ranking_flip
+
+    pairs = dict.fromkeys([(order[0], x) for x in order[1:]] + list(zip(order, order[1:], strict=False)))
+    said = (ranking_flip(a, (pooled[a], per_request[a]), b, (pooled[b], per_request[b])) for a, b in pairs)
+    return [s + "." for s in said if s]
 
 
 def pairs_markdown(ranking: Ranking) -> str:

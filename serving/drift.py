@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 from scipy.special import chdtri  # imported with the watch, never first inside its loop (see dispersion)
 
+from serving.acceptance import pooled_from_counts
 from serving.cycle_model import OperatingPoint
 
 
@@ -55,6 +56,9 @@ class Counts:
 
     @property
     def accept_len(self) -> float | None:
+        """Pooled per verify step, as every decision reads it (serving/acceptance.py)."""
+        if self.per_pos:
+            return pooled_from_counts(self.drafts, self.per_pos)
         return None if self.drafts <= 0 else 1.0 + self.accepted_total / self.drafts
 
     def trials(self) -> list[tuple[float, float]]:

@@ -27,6 +27,7 @@ from pipeline.promotion import require_promoter_key
 from registry.ledger.bakeoff import reusable_record
 from registry.ledger.deployment import check_target, deployment
 from reports import bakeoff as report
+from reports import external
 from reports.plotting import log_figure
 from serving.profile import load_profile
 
@@ -36,7 +37,9 @@ SPEC = Spec(
     (
         Param(
             "candidates",
-            help="comma-separated drafters: models:/name/N, models:/name@alias, local folders or hub ids",
+            default="none",
+            help="comma-separated drafters: models:/name/N, models:/name@alias, local folders or hub ids (none: "
+            "only the --external files are shown)",
         ),
         Param("profile", default="kimi-k2.5-8xrtxpro6000"),
         Param(
@@ -53,6 +56,12 @@ SPEC = Spec(
             "incumbent by a paired interval above zero",
             choices=("yes", "no"),
         ),
+        Param(
+            "external",
+            default="none",
+            help="comma-separated outside measurements (a speculation_profile.json, a speculators acceptance.csv) "
+            "shown beside ours with their definition; never evidence",
+        ),
         Param("no-progress", flag=True, off=True, dest="progress", cli=True),
     ),
 )
@@ -66,6 +75,12 @@ def run(args: argparse.Namespace) -> int:
     # deferred: torch comes with these, and --help or refused input needs none of it
     from registry.access import store
 
+    outside = external.read_all(args.external)  # a bad file is refused before anything is read or written
+    if str(args.candidates).strip().lower() in ("", "none"):
+        if not outside:
+            raise BadInput("--candidates: no candidate given (comma-separated registry URIs, folders or hub ids)")
+        print(external.markdown(outside))
+        return 0
     c = store.client()
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))  # imports staged until registered
@@ -73,9 +88,11 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         with step_run("compare", run_name=f"compare {len(request.candidates)} drafters @ {request.profile.name}"):
             log_params({"candidates": args.candidates, "profile": request.profile.name, "engine": request.engine,
-                        "promote": "yes" if request.promote else "no"})  # fmt: skip
+                        "promote": "yes" if request.promote else "no", "external": args.external})  # fmt: skip
             gated, outcome = bakeoff.bake_off(c, request)  # each service's run nested under this one
             outcome.seconds = time.perf_counter() - t0
+            if outside:
+                outcome.text += "\n\n" + external.markdown(outside)
             publish(request, gated, outcome)
     print(outcome.text)
     print(f"\ncompare: {outcome.final}\n  this run:      {run_link(c, outcome.run_id)}\n"
@@ -132,7 +149,7 @@ def publish(request: Request, gated: list[Candidate], o: Outcome) -> None:
     mlflow.set_tag("mlflow.note.content", o.text)
     mlflow.log_text(o.text + "\n", "compare.md")
     rows = report.rows(ranking, o.figures, o.break_even, profile.class_floor, profile.min_share, o.incumbent,
-                       {cand.label: cand.record.run_id for cand in gated}, o.flags)  # fmt: skip
+                       {cand.label: cand.record.run_id for cand in gated}, o.flags, o.per_request)  # fmt: skip
     mlflow.log_table(pd.DataFrame(rows), artifact_file="ranking.json")
     pairs = [{"a": a, "b": b, "difference": d.estimate, "paired_low": d.low, "paired_high": d.high,
               "unpaired_low": d.unpaired_low, "unpaired_high": d.unpaired_high, "paired_narrower": d.narrower,

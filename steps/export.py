@@ -129,6 +129,9 @@ def write(engine: str, r: Request) -> None:
     # deferred: torch comes with these, and --help or refused input needs none of it
     from drafter.analysis.compat import target_facts
     from engines import export
+    from pipeline.promotion import decided_profile
+    from registry.access import store
+    from serving import speculation_profile
 
     out = r.out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -144,6 +147,8 @@ def write(engine: str, r: Request) -> None:
         (staging / "serve.sh").write_text(export.serve_script(exported, settings, holder))
         (staging / "serve.sh").chmod(0o755)
         (staging / "EXPORT.md").write_text(describe(r.mv, r.aliases, r.evidence_run, exported, r.target))
+        checkpoint = {"id": f"{r.mv.name}/v{r.mv.version}", "format": exported.engine}
+        speculation_profile.write(decided_profile(store.client(), r.evidence_run, r.k, checkpoint), staging)
         if out.exists():
             out.rmdir()
         staging.rename(out)
@@ -163,7 +168,7 @@ def publish(args: argparse.Namespace, c: Any, r: Request) -> None:
     with step_run("export", run_name=f"export v{mv.version} -> {args.engine}"):
         log_params({"model": args.model, "engine": args.engine, "out": str(out), "target": r.target,
                     "draft_steps": r.k, "any_version": args.any_version})  # fmt: skip
-        for name in ("config.json", "serve.sh", "EXPORT.md"):
+        for name in ("config.json", "serve.sh", "EXPORT.md", "speculation_profile.json"):
             mlflow.log_artifact(str(out / name), "export")
         mlflow.log_dict(store.file_hashes(out), "export/files_sha256.json")
         run_id = mlflow.active_run().info.run_id

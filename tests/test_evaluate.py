@@ -115,6 +115,22 @@ def test_evaluate_logs_metrics_plots_and_tags(tiny_targets, registered):
     record = json.loads(Path(c.download_artifacts(run.info.run_id, "evidence.json", str(tmp / "ev"))).read_text())
     contexts = {cls["name"]: cls["contexts"] for cls in record["classes"]}
     assert all(12 < n[0] < 512 for name, n in contexts.items() if name != "long") and contexts["long"][0] > 512
+    # the verify-step histograms are the record: every figure is theirs, and the portable profile checks out
+    from serving import speculation_profile as sp
+    from serving.acceptance import Histograms
+
+    hist = Histograms.from_dict(json.loads(Path(c.download_artifacts(run.info.run_id, "acceptance_histogram.json",
+                                                                     str(tmp / "h"))).read_text()))  # fmt: skip
+    assert [list(r.steps) for r in hist.requests] == [h for cls in record["classes"] for h in cls["histograms"]]
+    assert hist.per_prompt == [tuple(p) for cls in record["classes"] for p in cls["per_prompt"]]
+    assert [r.traffic_class for r in hist.requests] == ["code", "docs", "repl", "long"]
+    assert m["accept_len_per_request"] == pytest.approx(hist.accept_len_per_request)
+    assert m["acceptance_rate"] == pytest.approx(hist.acceptance_rate)
+    assert [m[f"acc_pos_{i}"] for i in range(hist.k)] == pytest.approx(hist.conditional)
+    ext = sp.read_external(Path(c.download_artifacts(run.info.run_id, "speculation_profile.json", str(tmp / "p"))))
+    assert ext.accept_len == pytest.approx(hist.accept_len, abs=1e-6) and ext.k == hist.k
+    assert ext.accept_len_per_request == pytest.approx(m["accept_len_per_request"], abs=1e-6)
+    assert "acceptance_histogram_table.json" in {a.path for a in c.list_artifacts(run.info.run_id)}
 
 
 @pytest.mark.parametrize(

@@ -185,6 +185,17 @@ def test_export_writes_what_the_engine_loads_and_the_command_that_serves_it(prom
     )[0].data.tags["evidence_run"]
     assert "models:/k25-tiny-eagle3/1` (staging)" in story and evidence_run in story and "k=2" in story
     assert c.get_model_version("k25-tiny-eagle3", "1").tags[f"exported.{engine}"].startswith("run ")
+    # speculation_profile.json beside the weights: the decided record's own figures, passing its own checks
+    from registry.ledger.evidence.verify import read_record
+    from serving.speculation_profile import read_external
+
+    saved = Path(c.download_artifacts(evidence_run, "evidence.json", str(tmp / f"ev-{engine}")))
+    record = read_record(saved.read_text(), evidence_run)
+    profile = read_external(out / "speculation_profile.json")
+    assert profile.k == 2 and profile.accept_len == pytest.approx(record.histograms().accept_len, abs=1e-6)
+    assert json.loads((out / "speculation_profile.json").read_text())["measurement_conditions"]["evidence_run"] == (
+        evidence_run
+    )
 
 
 def test_export_bad_input_is_one_line_and_writes_nothing(promoted):

@@ -114,3 +114,26 @@ def test_a_bake_off_holds_each_drafter_to_its_own_break_even_when_steps_are_pric
     fig = report.figure(ranking, figures, be, 1.0, 3, "priced apart")
     lines = [c for c in fig.axes[0].collections if c.get_label().startswith("break-even (each")]
     assert len(lines) == 1 and len(lines[0].get_segments()) == 2
+
+
+def test_a_bake_off_names_both_means_and_says_when_they_rank_two_drafters_apart():
+    """docs/metrics.md's worked flip as a bake-off: the ranking follows the pooled mean, the table shows the
+    per-request mean beside it, and one sentence says the two means disagree."""
+    from reports import bakeoff as report
+    from serving.acceptance import mix_per_request
+    from serving.workload import class_figures
+
+    counts = {"A": [("all", 1.0, [(30, 10), (30, 10)])], "B": [("all", 1.0, [(42, 21), (42, 10)])]}
+    figures = {label: class_figures(parts, 1.2) for label, parts in counts.items()}
+    per_request = {label: mix_per_request([(s, per) for _, s, per in parts]) for label, parts in counts.items()}
+    assert per_request == pytest.approx({"A": 3.0, "B": 3.1})
+    ranking = rank(counts)
+    assert ranking.order == ["A", "B"]
+    said = report.flips(ranking.order, {k: f[1].accept_len for k, f in figures.items()}, per_request)
+    assert said == ["A leads on the pooled accept_len (3.000 against 2.710) and B on the per-request mean (3.100 "
+                    "against 3.000): decode speed follows the pooled one, so A ranks first."]  # fmt: skip
+    table = report.markdown(ranking, figures, 1.2, 1.0, 0.05, None, {"A": "a", "B": "b"}, per_request=per_request)
+    assert "| per-request mean |" in table and "| 3.100 |" in table
+    rows = report.rows(ranking, figures, 1.2, 1.0, 0.05, None, {"A": "a", "B": "b"}, per_request=per_request)
+    assert [r["accept_len_per_request"] for r in rows] == pytest.approx([3.0, 3.1])
+    assert report.flips(["A", "B"], {"A": 3.0, "B": 2.0}, {"A": 3.0, "B": 2.5}) == []

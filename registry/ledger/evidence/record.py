@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from registry.ledger import signing
+from serving.acceptance import Histograms, RequestHistogram, mix_per_request
 from serving.workload import mix_accept_len, mix_ci
 
 EVIDENCE_FILE = "evidence.json"
@@ -40,6 +41,7 @@ class ClassCounts:
     prompt_keys: list[str]
     per_prompt: list[tuple[int, int]]
     contexts: list[int] = field(default_factory=list)  # tokens of prompt plus reply, per prompt ([]: not recorded)
+    histograms: list[list[int]] = field(default_factory=list)  # per prompt h(0..k) ([]: not recorded)
 
 
 @dataclass
@@ -86,6 +88,13 @@ class EvidenceRecord:
             return None
         return [n for c in self.classes for n in c.contexts]
 
+    def histograms(self) -> Histograms | None:
+        """Every prompt's verify-step histogram with its class (None: a class was recorded without them)."""
+        if any(len(c.histograms) != len(c.per_prompt) for c in self.classes):
+            return None
+        requests = tuple(RequestHistogram(tuple(h), c.name) for c in self.classes for h in c.histograms)
+        return Histograms(self.draft_steps, requests)
+
     @property
     def num_prompts(self) -> int:
         return sum(len(c.per_prompt) for c in self.classes)
@@ -110,6 +119,7 @@ class EvidenceRecord:
             "accept_len": self.accept_len,
             "accept_len_ci_low": lo,
             "accept_len_ci_high": hi,
+            **({"accept_len_per_request": mix_per_request(self.parts())} if self.classes else {}),
             "break_even_accept_len": self.profile_values["baseline_tps"]
             * (self.profile_values["verify_ms"] + self.draft_steps * self.profile_values["draft_step_ms"])
             / 1000,

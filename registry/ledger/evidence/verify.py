@@ -84,6 +84,29 @@ def sanity(rec: EvidenceRecord) -> list[str]:
             why.append(f"class {c.name}: context lengths do not match its {len(c.per_prompt)} prompts")
     if not rec.classes or abs(sum(c.share for c in rec.classes) - 1) > 1e-6:
         why.append("class shares do not sum to 1")
+    return why + histogram_mismatches(rec)
+
+
+def histogram_mismatches(rec: EvidenceRecord) -> list[str]:
+    """Where a record carries verify-step histograms, its figures must be theirs: each prompt's (tokens, cycles)
+    and the pooled acceptance by position are recomputed from them (serving/acceptance.py)."""
+    k, why = rec.draft_steps, []
+    for c in rec.classes:
+        if not c.histograms:
+            continue
+        if len(c.histograms) != len(c.per_prompt):
+            why.append(f"class {c.name}: {len(c.histograms)} histograms for {len(c.per_prompt)} prompts")
+            continue
+        for i, (h, counts) in enumerate(zip(c.histograms, c.per_prompt, strict=True)):
+            ok = len(h) == k + 1 and all(isinstance(n, int) and n >= 0 for n in h)
+            own = (sum((j + 1) * n for j, n in enumerate(h)), sum(h)) if ok else None
+            if own != tuple(counts):
+                why.append(f"class {c.name} prompt {i}: histogram {h} does not give its counts {tuple(counts)}")
+    whole = rec.histograms() if not why else None
+    if whole is not None and rec.acc_pos and whole.verify_steps:
+        own = whole.conditional
+        if any(abs(a - b) > 1e-6 for a, b in zip(own, rec.acc_pos, strict=False)) or len(own) != len(rec.acc_pos):
+            why.append(f"acceptance by position {rec.acc_pos} is not the histograms' own {[round(a, 6) for a in own]}")
     return why
 
 
