@@ -57,6 +57,8 @@ def configure_mlflow() -> None:
     for name in ("mlflow", "alembic", "urllib3"):
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", module="mlflow")
+    # Optuna's notices that a feature we rely on (heartbeats, retries) is experimental: not for the user's terminal
+    warnings.filterwarnings("ignore", message=r"(?s).*experimental.*The interface can change in the future")
 
 
 _STEP_RUNS: list[str] = []  # runs this process opened as steps: the exit code is recorded on the first

@@ -12,7 +12,9 @@ Results = dict[str, tuple[str, dict[str, float]]]
 
 
 def summary(name: str, results: Results, profile: str, decision: str, seconds: float,
-            served: list[str] | None = None, where: str = "") -> str:  # fmt: skip
+            served: list[str] | None = None, where: str = "", verdict: str = "") -> str:  # fmt: skip
+    """The run's description. With a bake-off (`verdict`: compare's first sentence over every candidate), its
+    answer comes first: which drafter a team should serve, or that none pays; this run's own drafters follow."""
     be_all = next(iter(results.values()))[1].get("break_even_accept_len", float("nan"))
     winners = [f"{label} v{v}" for label, (v, m) in results.items() if m.get("accept_len_ci_low", 0) > be_all]
     label, (version, top) = max(results.items(), key=lambda item: item[1][1].get("accept_len", 0.0))
@@ -24,6 +26,8 @@ def summary(name: str, results: Results, profile: str, decision: str, seconds: f
         f"reaches {top.get('accept_len', 0):.3f} [{top.get('accept_len_ci_low', 0):.3f}, "
         f"{top.get('accept_len_ci_high', 0):.3f}]: speculative decoding with it would be slower than plain decoding."
     )
+    if verdict:
+        headline = f"{verdict}\n\nOf the drafters this run imported and trained: {headline}"
     lines = [
         f"## drafterops main: {name} on {profile}",
         "",

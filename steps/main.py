@@ -96,14 +96,14 @@ def run(args: argparse.Namespace) -> int:
             "promote", {"model": f"models:/{chain.name}/{chain.candidate}", "profile": args.profile}, ok_codes=(0, 1)
         )
         chain.decision = c.get_run(pr_run).data.tags.get("promotion", "")
-        bakeoff = bake_off(p, c, chain, args)
+        bakeoff, verdict = bake_off(p, c, chain, args)
         served = calibrated_lines(
             p, Path(args.workdir).resolve(), args.calibrate, chain.results, load_profile(args.profile).draft_steps
         )
         seconds = time.perf_counter() - t_start
         where = main_job.where_now(aliases_by_version(c, chain.name), chain.drafters)
         text = main_job.summary(chain.name, chain.results, args.profile, chain.decision, seconds,
-                                [*bakeoff, *served], where)  # fmt: skip
+                                [*bakeoff, *served], where, verdict)  # fmt: skip
         publish(chain, text, seconds, args.profile)
     print("\n".join(p.log))
     print(text)
@@ -174,17 +174,18 @@ def evaluate_all(p: Pipeline, c: Any, chain: Chain, args: argparse.Namespace) ->
 FAMILY_DRAFTERS = ("ls-mini-eagle3-mla", "nv-mini-eagle3", "rh-mini-eagle3")  # miniworld/families.py
 
 
-def bake_off(p: Pipeline, c: Any, chain: Chain, args: argparse.Namespace) -> list[str]:
+def bake_off(p: Pipeline, c: Any, chain: Chain, args: argparse.Namespace) -> tuple[list[str], str]:
     """`compare` of the three drafters (their evidence reused) and the K2.5-era family drafters, paired on
-    the profile's workload: its verdict and ranking for the summary."""
+    the profile's workload: its ranking for the summary, and its verdict (the summary's first sentence)."""
     if args.bakeoff == "no":
-        return []
+        return [], ""
     candidates = [f"models:/{chain.name}/{v}" for v in chain.drafters.values()]
     if args.bakeoff == "families":
         candidates += [str(MINIWORLD / name) for name in FAMILY_DRAFTERS if (MINIWORLD / name).is_dir()]
     run_id, _ = p.step("compare", {"candidates": ",".join(candidates), "profile": args.profile}, ok_codes=(0, 1))
     text = c.get_run(run_id).data.tags.get("mlflow.note.content", "")
-    return ["", "### Bake-off (`compare`, paired on the same prompts)", "", *text.strip().splitlines()]
+    verdict = text.strip().split("\n\n", 1)[0] if text.strip() else ""
+    return ["", "### Bake-off (`compare`, paired on the same prompts)", "", *text.strip().splitlines()], verdict
 
 
 def publish(chain: Chain, text: str, seconds: float, profile: str) -> None:

@@ -137,3 +137,21 @@ def test_a_bake_off_names_both_means_and_says_when_they_rank_two_drafters_apart(
     rows = report.rows(ranking, figures, 1.2, 1.0, 0.05, None, {"A": "a", "B": "b"}, per_request=per_request)
     assert [r["accept_len_per_request"] for r in rows] == pytest.approx([3.0, 3.1])
     assert report.flips(["A", "B"], {"A": 3.0, "B": 2.0}, {"A": 3.0, "B": 2.5}) == []
+
+
+def test_the_main_jobs_description_opens_with_the_bake_offs_answer():
+    """With a bake-off, its verdict over every candidate is the first sentence; the run's own drafters follow
+    (their best is not called the best of all when another candidate beat it)."""
+    from reports.main_job import summary
+
+    results = {"fine-tuned": ("2", {"accept_len": 1.621, "accept_len_ci_low": 1.6, "accept_len_ci_high": 1.64,
+                                    "break_even_accept_len": 2.46})}  # fmt: skip
+    verdict = "**ls-mini ranks first on host-vllm's traffic mix**: accept_len 1.701 [1.69, 1.71], below its break-even."
+    text = summary("k2.5-mini-eagle3", results, "host-vllm", "refused", 60.0, verdict=verdict)
+    body = text.split("\n\n", 1)[1]
+    assert body.startswith(verdict) and "Of the drafters this run imported and trained: **No drafter beats" in body
+    assert (
+        summary("k2.5-mini-eagle3", results, "host-vllm", "refused", 60.0)
+        .split("\n\n")[1]
+        .startswith("**No drafter beats break-even (2.46) on host-vllm.** The best, fine-tuned v2")
+    )

@@ -19,7 +19,7 @@ from typing import Any
 
 from common.errors import BadInput
 from reports.plotting import pyplot
-from tuning.workers import fail_gone_trials
+from tuning.workers import fail_gone_trials, retried_number, retry_callback
 
 OBJECTIVE = "val_sim_accept_len"
 
@@ -43,7 +43,7 @@ def storage_url(url: str) -> str:
 
 def make_storage(url: str, heartbeat: int = 30) -> Any:
     import optuna
-    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+    from optuna.storages import RDBStorage
 
     url = storage_url(url)
     if url.startswith(("sqlite:", "postgresql", "mysql")):
@@ -53,7 +53,7 @@ def make_storage(url: str, heartbeat: int = 30) -> Any:
                 url,
                 heartbeat_interval=heartbeat,
                 grace_period=3 * heartbeat,
-                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
+                heartbeat_stale_trial_callback=retry_callback(),
                 engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
             )
         except ModuleNotFoundError as exc:
@@ -102,9 +102,7 @@ def budget_used(trials: list[Any], before: int | None = None) -> int:
     """Trials (numbered below `before`, if given) that count against the study's budget: finished
     (complete, pruned, failed) or running. Not counted: a trial not begun (WAITING), one handed back
     over budget, and a failed trial that was retried (its retry counts instead)."""
-    from optuna.storages import RetryHeartbeatStaleTrialCallback
-
-    retried = {RetryHeartbeatStaleTrialCallback.retried_trial_number(t) for t in trials} - {None}
+    retried = {retried_number(t) for t in trials} - {None}
     return sum(
         1
         for t in trials

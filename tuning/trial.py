@@ -15,7 +15,7 @@ from drafter.train.loop import TrainConfig
 from tuning.ranks import Tracker
 from tuning.space import suggest
 from tuning.study import OBJECTIVE
-from tuning.workers import RUN_TAG, WORKER_ATTR, this_worker
+from tuning.workers import RUN_TAG, WORKER_ATTR, retry_history, this_worker
 
 
 @dataclass
@@ -43,9 +43,7 @@ def _frozen(study: Any, number: int) -> Any:
 
 def checkpoint_key(study: Any, number: int) -> str:
     """A trial's identity across retries: the number of the first trial in its retry chain."""
-    from optuna.storages import RetryHeartbeatStaleTrialCallback
-
-    history = RetryHeartbeatStaleTrialCallback.retry_history(_frozen(study, number))
+    history = retry_history(_frozen(study, number))
     return f"trial-{history[0] if history else number}"
 
 
@@ -53,9 +51,8 @@ def fail_dead_runs(study: Any, number: int) -> None:
     """A retried trial's earlier attempts died with their worker: their MLflow runs, still RUNNING,
     end FAILED with the reason."""
     import mlflow
-    from optuna.storages import RetryHeartbeatStaleTrialCallback
 
-    earlier = set(RetryHeartbeatStaleTrialCallback.retry_history(_frozen(study, number)))
+    earlier = set(retry_history(_frozen(study, number)))
     c = mlflow.MlflowClient()
     for t in study.get_trials(deepcopy=False):
         run_id = t.user_attrs.get("mlflow_run_id") if t.number in earlier else None

@@ -47,10 +47,45 @@ def is_gone(worker: str | None) -> bool:
     return bool(start) and _start_time(pid) not in ("", start)
 
 
+def retry_callback() -> Any:
+    """Optuna's callback that re-queues a trial whose worker died (at most twice), made without its warning."""
+    import warnings
+
+    from optuna.exceptions import ExperimentalWarning
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        return RetryHeartbeatStaleTrialCallback(max_retry=2)
+
+
+def retry_history(trial: Any) -> list[int]:
+    """The trials this one retries, oldest first (Optuna's, without its ExperimentalWarning on the terminal)."""
+    import warnings
+
+    from optuna.exceptions import ExperimentalWarning
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        return RetryHeartbeatStaleTrialCallback.retry_history(trial)
+
+
+def retried_number(trial: Any) -> int | None:
+    """The trial this one retries (None: a first attempt), as Optuna records it, without its warning."""
+    import warnings
+
+    from optuna.exceptions import ExperimentalWarning
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        return RetryHeartbeatStaleTrialCallback.retried_trial_number(trial)
+
+
 def fail_gone_trials(study: Any) -> list[int]:
     """Trials RUNNING for a worker that is gone are failed and handed to the study's retry callback
     (re-queued with their settings and checkpoint identity), as a stale heartbeat would be, but now."""
-    from optuna.storages import RetryHeartbeatStaleTrialCallback
     from optuna.trial import TrialState
 
     failed = []
@@ -62,7 +97,7 @@ def fail_gone_trials(study: Any) -> list[int]:
         except ValueError:  # finished meanwhile (another worker got there first)
             continue
         frozen = next(x for x in study.get_trials(deepcopy=False) if x.number == t.number)
-        RetryHeartbeatStaleTrialCallback(max_retry=2)(study, frozen)
+        retry_callback()(study, frozen)
         failed.append(t.number)
     return failed
 
