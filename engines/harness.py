@@ -191,6 +191,11 @@ class ServedRun:
         m.update(self.agreement)
         if self.reference is not None:
             m["inprocess_accept_len"] = self.reference.accept_len
+            theirs, ours = self.run.histograms, getattr(self.reference, "histograms", None)
+            if theirs and ours and len(theirs) == len(ours):  # request by request: the same verify steps
+                m["engine_histogram_agreement"] = sum(a == tuple(b) for a, b in zip(theirs, ours, strict=True)) / len(
+                    ours
+                )
         m.update(headline(self.run.accept_len, m["engine_accept_len_ci_low"], m["engine_accept_len_ci_high"], profile))
         m["engine_delivered_share"] = self.run.delivered_share
         return m

@@ -94,6 +94,17 @@ def test_engine_serves_each_registered_drafter_and_agrees_with_the_project(store
         n for c in ev["classes"] for _, n in c["per_prompt"]) == pytest.approx(m["engine_accept_len"])  # fmt: skip
     assert 0 < m["engine_acc_pos_0"] <= 1 and m["served_tps_baseline"] > 0 and m["served_tps_spec"] > 0
     assert "served_speedup_c2" in m and m["server_start_s_spec"] > 0
+    # the record is each request's verify-step histogram as vLLM returned it: held to its counters over the same
+    # requests (or the measurement is refused), the same as the project's at float32 request by request where
+    # the counts are, and the engine's per-request mean derived from it (serving/acceptance.py)
+    from serving.acceptance import Histograms, RequestHistogram
+
+    steps = [tuple(h) for c in ev["classes"] for h in c["histograms"]]
+    hists = Histograms(ev["draft_steps"], tuple(RequestHistogram(h) for h in steps))
+    assert len(hists.requests) == 12 and hists.per_prompt == [tuple(p) for c in ev["classes"] for p in c["per_prompt"]]
+    assert m["engine_histogram_agreement"] == pytest.approx(m["engine_prompt_agreement"])
+    assert m["engine_accept_len_per_request"] == pytest.approx(hists.accept_len_per_request)
+    assert m["engine_acceptance_rate"] == pytest.approx(hists.acceptance_rate)
     assert not vllm_processes()
 
 

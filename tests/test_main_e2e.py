@@ -3,6 +3,7 @@ train, evaluate and decide (fast tier, `python -m steps.main`), and as a user st
 `mlflow run . --env-manager local`)."""
 
 import subprocess
+from pathlib import Path
 
 import mlflow
 import pytest
@@ -38,6 +39,9 @@ def test_main_at_its_smallest_settings_trains_evaluates_and_promotes(small_main_
     assert {m.name for m in c.search_registered_models()} >= {"ls-mini-eagle3-mla", "nv-mini-eagle3", "rh-mini-eagle3"}
     main_run = next(r for r in project_runs(c) if r.data.tags.get("drafterops.step") == "main")
     assert "### Bake-off" in main_run.data.tags["mlflow.note.content"]
+    # the description opens with the bake-off's answer over all six, then this run's own drafters
+    opening = main_run.data.tags["mlflow.note.content"].split("\n\n")[1]
+    assert opening.startswith("**") and ("ranks first" in opening or "flagged" in opening), opening
     assert not [r.info.run_name for r in project_runs(c) if r.info.status == "RUNNING"]
 
 
@@ -74,6 +78,16 @@ def test_main_pipeline_registers_three_drafters_and_gates_production(main_job):
     for v in (imported, candidate, scratch):
         assert f"## Evaluation on `{profile}`" in c.get_model_version(name, v.version).description
     assert "## Promotion to production" in c.get_model_version(name, candidate.version).description
+    # the candidate's evaluation carries the portable speculation_profile.json, which passes its own checks and
+    # says what its evidence says (serving/speculation_profile.py; docs/metrics.md)
+    from serving.profile import load_profile
+    from serving.speculation_profile import read_external
+
+    ev_run = tags[f"eval.{profile}.run"]
+    saved = c.download_artifacts(ev_run, "speculation_profile.json", str(tmp_path / "portable"))
+    portable = read_external(Path(saved))
+    assert portable.k == int(tags[f"eval.{profile}.draft_steps"]) and portable.accept_len_per_request is not None
+    assert set(portable.per_category) == {cls.name for cls in load_profile(profile).workload}
     (main_run,) = project_runs(c, filter_string="tags.`drafterops.step` = 'main'")
     assert "| fine-tuned |" in main_run.data.tags["mlflow.note.content"]
     assert "drafters_vs_break_even.png" in [a.path for a in c.list_artifacts(main_run.info.run_id)]
