@@ -91,6 +91,16 @@ def measure_checked(
     return run, agreement
 
 
+def histogram_agreement(run: EngineRun, reference: Any) -> dict[str, float]:
+    """The share of requests whose verify-step histogram the engine returned is the project's own, request by
+    request, at one precision ({} where either has none)."""
+    theirs, ours = run.histograms, getattr(reference, "histograms", None) if reference is not None else None
+    if not theirs or not ours or len(theirs) != len(ours):
+        return {}
+    same = sum(tuple(a) == tuple(b) for a, b in zip(theirs, ours, strict=True))
+    return {"engine_histogram_agreement": same / len(ours)}
+
+
 def check_lossless(run: EngineRun, reference: list[list[int]] | None, temperature: float) -> None:
     """Greedy output must be the same with the drafter, without it, and in the project's decoder."""
     if temperature > 0:
@@ -191,11 +201,6 @@ class ServedRun:
         m.update(self.agreement)
         if self.reference is not None:
             m["inprocess_accept_len"] = self.reference.accept_len
-            theirs, ours = self.run.histograms, getattr(self.reference, "histograms", None)
-            if theirs and ours and len(theirs) == len(ours):  # request by request: the same verify steps
-                m["engine_histogram_agreement"] = sum(a == tuple(b) for a, b in zip(theirs, ours, strict=True)) / len(
-                    ours
-                )
         m.update(headline(self.run.accept_len, m["engine_accept_len_ci_low"], m["engine_accept_len_ci_high"], profile))
         m["engine_delivered_share"] = self.run.delivered_share
         return m
@@ -258,7 +263,7 @@ class ServingEngine:
             python=self.python, endpoint=self.endpoint, handed_ids=self.checks.handed_ids, progress=job.progress,
             fmt=self.fmt,
         )  # fmt: skip
-        return ServedRun(run, agreement, reference)
+        return ServedRun(run, {**agreement, **histogram_agreement(run, reference)}, reference)
 
     def measure_held(self, job: Job, reference: Any) -> ServedRun:
         """A measurement below float32: the engine held to `reference` (the project's decoder at float32)
@@ -274,7 +279,7 @@ class ServingEngine:
                 f"{checked.accept_len:.3f} at float32 on the same prompts ({100 * moved:+.1f}%, tolerance "
                 f"{100 * PRECISION_TOLERANCE:g}%): more than rounding moves it, so no figure is reported"
             )
-        agreement = {**checked.agreement, "engine_vs_float32": moved}
+        agreement = {**checked.agreement, "engine_vs_float32": moved}  # the histograms' agreement: at float32 too
         return replace(run, agreement=agreement, reference=reference, held_at="float32")
 
     def conformance(self, job: Job, reference: Any) -> ServedRun:
