@@ -31,40 +31,18 @@ from reports import external
 from reports.plotting import log_figure
 from serving.profile import load_profile
 
-SPEC = Spec(
-    "compare",
-    __doc__,
-    (
-        Param(
-            "candidates",
-            default="none",
-            help="comma-separated drafters: models:/name/N, models:/name@alias, local folders or hub ids (none: "
-            "only the --external files are shown)",
-        ),
-        Param("profile", default="kimi-k2.5-8xrtxpro6000"),
-        Param(
-            "engine",
-            default="in-process",
-            help="where every candidate is measured (evidence of another engine is not reused)",
-            choices=("in-process", "vllm", "sglang"),
-        ),
-        Param(
-            "promote",
-            bare="yes",
-            default="no",
-            help="promote the winner to production when the promotion rule allows it and it beats the "
-            "incumbent by a paired interval above zero",
-            choices=("yes", "no"),
-        ),
-        Param(
-            "external",
-            default="none",
-            help="comma-separated outside measurements (a speculation_profile.json, a speculators acceptance.csv) "
-            "shown beside ours with their definition; never evidence",
-        ),
-        Param("no-progress", flag=True, off=True, dest="progress", cli=True),
-    ),
-)
+SPEC = Spec("compare", __doc__, (
+    Param("candidates", default="none", help="comma-separated drafters: models:/name/N, models:/name@alias, local "
+          "folders or hub ids (none: only the --external files are shown)"),
+    Param("profile", default="kimi-k2.5-8xrtxpro6000"),
+    Param("engine", default="in-process", choices=("in-process", "vllm", "sglang"),
+          help="where every candidate is measured (evidence of another engine is not reused)"),
+    Param("promote", bare="yes", default="no", choices=("yes", "no"), help="promote the winner to production when "
+          "the promotion rule allows it and it beats the incumbent by a paired interval above zero"),
+    Param("external", default="none", help="comma-separated outside measurements (a speculation_profile.json, a "
+          "speculators acceptance.csv) shown beside ours with their definition; never evidence"),
+    Param("no-progress", flag=True, off=True, dest="progress", cli=True),
+))  # fmt: skip
 
 
 def build() -> argparse.ArgumentParser:

@@ -54,7 +54,6 @@ def build() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     # deferred: torch comes with these, and --help or refused input needs none of it
-    # deferred: torch comes with these, and --help or refused input needs none of it
     from pipeline.recertification import measure, settle
     from registry.access import store
 

@@ -262,3 +262,28 @@ def test_a_drafter_trained_on_the_pinned_prompts_is_flagged_and_never_the_winner
     run = _compare_run(c)
     assert run.data.tags["compare.winner"] == "v1" and run.data.tags["compare.flagged"] == "v2"
     assert res.returncode == 0 and str(c.get_model_version_by_alias(NAME, "production").version) == "1", res.stdout
+
+
+def test_the_bake_off_names_both_means_and_says_when_they_disagree(bakeoff_store, tmp_path):
+    """Two records built so that the means rank v1 and v2 apart (v1: 2.5 on every prompt; v2: 3.0 and 2.125 in
+    turn, so 2.22 pooled and 2.56 per request): the table shows both, one sentence says they disagree, and the
+    ranking follows the pooled mean. An outside profile shown beside them is never a candidate."""
+    from serving import speculation_profile as sp
+    from serving.acceptance import Histograms, RequestHistogram
+    from tests.helpers.evidence import forge_record
+
+    tmp, profile = bakeoff_store
+    c = _client(tmp)
+    forge_record(c, NAME, "1", profile, lambda _cls, keys: [(5, 2)] * len(keys))
+    forge_record(c, NAME, "2", profile, lambda _cls, keys: [(3, 1), (17, 8)] * (len(keys) // 2))
+    outside = sp.write(sp.build(Histograms(2, (RequestHistogram((1, 2, 3)),)), "eagle3", {"id": "x"}, {"id": "y"},
+                                {"engine": "sglang"}), tmp_path)  # fmt: skip
+    args = ["--candidates", f"models:/{NAME}/1,models:/{NAME}/2", "--profile", str(profile), "--no-progress",
+            "--external", str(outside)]  # fmt: skip
+    res = run_step("compare", args, tmp, here=True)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    assert ("v1 leads on the pooled accept_len (2.500 against 2.222) and v2 on the per-request mean (2.562 against "
+            "2.500): decode speed follows the pooled one, so v1 ranks first.") in res.stdout  # fmt: skip
+    assert "| per-request mean |" in res.stdout and "Outside measurements (not evidence" in res.stdout
+    assert str(outside) in res.stdout and "engine: sglang" in res.stdout
+    assert _compare_run(c).data.params["external"] == str(outside)
