@@ -16,6 +16,11 @@ def summary(name: str, profile: str, m: dict[str, float]) -> str:
             f"  break-even {m['break_even_accept_len']:.2f}  projected {m['projected_tps']:.1f} tok/s "
             f"({m['projected_speedup']:.2f}x)"
         )
+    for prefix in ("", names.engine("")):  # the other mean, named beside the pooled one that decides (docs/metrics.md)
+        if f"{prefix}accept_len_per_request" in m:
+            who, mean = prefix.rstrip("_") or "in-process", m[f"{prefix}accept_len_per_request"]
+            lines.append(f"  {who}: per-request mean {mean:.3f} (never decides), acceptance rate "
+                         f"{m[f'{prefix}acceptance_rate']:.3f}")  # fmt: skip
     if "engine_accept_len" in m:
         lines.append(
             f"  engine: accept_len {m['engine_accept_len']:.3f}"
