@@ -11,6 +11,7 @@ from typing import Any
 
 from common.runs import OpenRun
 from drafter.analysis.compat import check_compat, compare_drafters, drafter_facts, target_facts, verdict
+from drafter.methods import folder_method
 from registry.access.naming import run_label
 from reports.gate import comparison_table, section, table
 
@@ -68,6 +69,9 @@ class Gate:
 
 def measure(model: str, target: str, reference: str | None = None) -> Gate:
     """Every check of the drafter against the target (headers and configs only), and the engines' aux ids."""
+    other = folder_method(model) if not model.startswith("models:/") and Path(model).is_dir() else None
+    if other is not None:
+        return measure_method(*other, model, target)
     facts, mv = facts_for(model)
     if mv is not None:
         from registry.access import store
@@ -94,6 +98,27 @@ def measure(model: str, target: str, reference: str | None = None) -> Gate:
         lines.append("shape_gate: some checks could not be made; production needs a gate against the target's weights")
     label = facts.source.split("/")[-1] if mv is None else run_label(mv, str(target))
     return Gate(model, target, reference, mv, label, checks, result, md, engine_rows, cmp_md, lines)
+
+
+def measure_method(method: Any, raw: dict[str, Any], model: str, target: str) -> Gate:
+    """A drafter of another method (drafter/methods): its config read and its rules checked against the target,
+    from the config and the weights' header (when the folder has weights)."""
+    from drafter.formats.checkpoint import read_header
+
+    where = str(Path(model) / "config.json")
+    cfg = method.DFlashConfig.from_dict(raw, where)
+    tfacts = target_facts(target)
+    has_weights = any(Path(model).glob("*.safetensors")) or (Path(model) / "model.safetensors.index.json").is_file()
+    header = {n: tuple(i.shape) for n, i in read_header(model).items()} if has_weights else None
+    t = tfacts.config
+    checks = method.rules(cfg, t.hidden_size, t.vocab_size, t.num_hidden_layers, header)
+    result, md = verdict(checks), table(checks)
+    failed = [c.name for c in checks if c.ok is False]
+    lines = [f"shape_gate: {model} ({method.NAME}) vs target {tfacts.source}", "", md, "",
+             f"shape_gate: {result.upper()}" + (f" ({', '.join(failed)})" if failed else "")]  # fmt: skip
+    if header is None and result != "failed":
+        lines.append("shape_gate: no weights beside the config: the tensors were not checked")
+    return Gate(model, target, None, None, Path(model).name, checks, result, md, [], None, lines)
 
 
 def publish(gate: Gate, open_run: OpenRun, asked: Mapping[str, object], context: str = "") -> None:
