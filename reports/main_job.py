@@ -52,6 +52,18 @@ def summary(name: str, results: Results, profile: str, decision: str, seconds: f
     return "\n".join(lines)
 
 
+DESCRIPTION_LIMIT = 8000  # MLflow's longest tag value (mlflow.utils.validation.MAX_TAG_VAL_LENGTH)
+
+
+def description(text: str) -> str:
+    """The summary as the run's description: whole when it fits a tag, else cut at a line and said so (it is
+    whole in summary.md), never cut silently by MLflow with a warning on the terminal."""
+    if len(text) <= DESCRIPTION_LIMIT:
+        return text
+    tail = "\n\n(cut here to fit the run's description: the whole summary is the run's summary.md)"
+    return text[: text.rfind("\n", 0, DESCRIPTION_LIMIT - len(tail))] + tail
+
+
 def class_lines(results: Results, prefix: str = names.CLASS) -> list[str]:
     """Each drafter per traffic class and for the mix (prefix "class_"), or per context length ("ctx_"):
     accept_len [95% CI] and projected speed-up."""

@@ -195,7 +195,7 @@ def publish(chain: Chain, text: str, seconds: float, profile: str) -> None:
 
     results = chain.results
     mlflow.log_text(text + "\n", "summary.md")
-    mlflow.set_tag("mlflow.note.content", text)  # the run's description in the UI is its summary
+    mlflow.set_tag("mlflow.note.content", main_job.description(text))  # the UI's description: the summary
     log_figure(main_job.comparison_figure(results, profile), "drafters_vs_break_even.png")
     mlflow.log_metric("main_seconds", seconds)
     # one row per drafter, under the evaluate runs' own metric names (Compare lines those runs up)

@@ -155,3 +155,13 @@ def test_the_main_jobs_description_opens_with_the_bake_offs_answer():
         .split("\n\n")[1]
         .startswith("**No drafter beats break-even (2.46) on host-vllm.** The best, fine-tuned v2")
     )
+
+
+def test_a_summary_too_long_for_a_tag_is_cut_at_a_line_and_says_where_the_rest_is():
+    from reports.main_job import DESCRIPTION_LIMIT, description
+
+    text = "\n".join(f"| row {i} | {'x' * 60} |" for i in range(200))
+    cut = description(text)
+    assert len(cut) <= DESCRIPTION_LIMIT and cut.endswith("the whole summary is the run's summary.md)")
+    assert text.startswith(cut.split("\n\n(cut here")[0]) and cut.split("\n\n(cut here")[0].endswith("|")
+    assert description("short") == "short"
