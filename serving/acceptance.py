@@ -20,7 +20,7 @@ Pure: no torch, no MLflow. serving/speculation_profile.py writes and reads Model
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 CHAIN = "chain"  # a depth-d draft is the prefix of the depth-k one (EAGLE, EAGLE-3, a draft model)
@@ -71,7 +71,6 @@ class Histograms:
     k: int
     requests: tuple[RequestHistogram, ...]
     shape: str = CHAIN
-    measured_at: tuple[int, ...] = field(default=())  # depths measured (empty: k alone)
 
     def __post_init__(self) -> None:
         for r in self.requests:
@@ -104,8 +103,7 @@ class Histograms:
     @property
     def accept_len_per_request(self) -> float:
         """Each request's own accept_len, averaged without weights (requests with no verify step left out)."""
-        own = [r.accept_len for r in self.requests if r.accept_len is not None]
-        return sum(own) / len(own) if own else 1.0
+        return per_request_mean(self.per_prompt)
 
     @property
     def marginal(self) -> list[float]:
@@ -133,7 +131,7 @@ class Histograms:
         m = self.marginal
         out = {}
         for d in range(1, self.k + 1):
-            measured = d == self.k or d in self.measured_at
+            measured = d == self.k
             if measured or self.shape == CHAIN:
                 out[d] = (1.0 + sum(m[:d]), "measured" if measured else "extrapolated")
         return out

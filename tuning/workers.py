@@ -6,8 +6,10 @@ the heartbeats: from here their processes cannot be seen."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 WORKER_ATTR = "worker"  # trial user attr and run tag `drafterops.worker`: "host:pid:start"
@@ -47,39 +49,39 @@ def is_gone(worker: str | None) -> bool:
     return bool(start) and _start_time(pid) not in ("", start)
 
 
-def retry_callback() -> Any:
-    """Optuna's callback that re-queues a trial whose worker died (at most twice), made without its warning."""
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Optuna's notices that the retry API is experimental, kept off the terminal."""
     import warnings
 
     from optuna.exceptions import ExperimentalWarning
-    from optuna.storages import RetryHeartbeatStaleTrialCallback
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
+        yield
+
+
+def retry_callback() -> Any:
+    """Optuna's callback that re-queues a trial whose worker died (at most twice)."""
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+    with _quiet():
         return RetryHeartbeatStaleTrialCallback(max_retry=2)
 
 
 def retry_history(trial: Any) -> list[int]:
-    """The trials this one retries, oldest first (Optuna's, without its ExperimentalWarning on the terminal)."""
-    import warnings
-
-    from optuna.exceptions import ExperimentalWarning
+    """The trials this one retries, oldest first."""
     from optuna.storages import RetryHeartbeatStaleTrialCallback
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ExperimentalWarning)
+    with _quiet():
         return RetryHeartbeatStaleTrialCallback.retry_history(trial)
 
 
 def retried_number(trial: Any) -> int | None:
-    """The trial this one retries (None: a first attempt), as Optuna records it, without its warning."""
-    import warnings
-
-    from optuna.exceptions import ExperimentalWarning
+    """The trial this one retries (None: a first attempt), as Optuna records it."""
     from optuna.storages import RetryHeartbeatStaleTrialCallback
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ExperimentalWarning)
+    with _quiet():
         return RetryHeartbeatStaleTrialCallback.retried_trial_number(trial)
 
 
