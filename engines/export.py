@@ -21,6 +21,7 @@ from common.errors import BadInput
 from drafter.formats import aux_layers
 from drafter.formats.checkpoint import export_drafter, load_config
 from drafter.formats.speculators import NORM_FLAGS, to_speculators
+from drafter.methods import folder_method
 from drafter.model.config import TargetConfig
 from engines import environment, sglang, vllm
 
@@ -54,6 +55,10 @@ def write(src: Path, out: Path, engine: str, k: int, target: str | Path, handed_
     what an untranslated folder does)."""
     if engine not in ENGINES:
         raise BadInput(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
+    other = folder_method(src)
+    if other is not None:  # another draft method exports itself (drafter/methods)
+        aux = other[0].export_for(Path(src), Path(out), engine, k)
+        return Exported(engine, Path(out), served_target(target, engine), k, aux)
     cfg = load_config(src)
     aux = aux_layers.mapping(list(cfg.aux_layer_ids), READS_AS[engine], handed_ids)
     target_for_engine = served_target(target, engine)

@@ -20,6 +20,7 @@ from typing import Any
 from common.errors import BadInput, InternalError
 from drafter.formats import aux_layers
 from drafter.formats.checkpoint import load_config
+from drafter.methods import folder_method
 from engines import environment, export, sglang, vllm
 from engines.measurement import EngineRun, Launch, first_difference
 from engines.protocol import Job
@@ -46,8 +47,7 @@ def run_engine(
 ) -> EngineRun:
     """Serve `target` with the drafter in `folder` on `engine` (or measure a user's `endpoint`);
     `check` is called on the speculative half as soon as it is measured."""
-    cfg = load_config(folder)
-    aux = aux_layers.mapping(list(cfg.aux_layer_ids), engine, handed_ids)
+    aux = _aux_record(folder, engine, handed_ids)
     if fmt not in ("plain", "speculators") or (fmt == "speculators" and engine != "vllm"):
         raise BadInput(f"--format {fmt} is not one {engine} serves (plain; speculators on vllm)")
     if endpoint:
@@ -63,6 +63,13 @@ def run_engine(
     exported = export.write(Path(folder), workdir / f"drafter-{kind}", kind, settings.k, target, handed_ids)
     launch = Launch(py, version, Path(exported.target), exported.folder, workdir, exported.aux, fmt == "speculators")
     return (vllm if engine == "vllm" else sglang).measure(launch, prompts, settings, progress, check)
+
+
+def _aux_record(folder: Path, engine: str, handed_ids: list[int] | None) -> dict:
+    """Which target layers the engine feeds the drafter (another draft method's folder says so itself)."""
+    if folder_method(folder) is not None:
+        return {"engine": engine, "project_ids": None, "handed_ids": handed_ids, "matches_training": True}
+    return aux_layers.mapping(list(load_config(folder).aux_layer_ids), engine, handed_ids)
 
 
 def measure_checked(

@@ -67,11 +67,18 @@ def server_command(python: Path, model: Path, port: int, s: Settings, drafter: P
         "--enforce-eager", "--generation-config", "vllm",
     ]  # fmt: skip
     if drafter is not None:
-        spec = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": s.k}
+        spec = {"method": vllm_method(drafter), "model": str(drafter), "num_speculative_tokens": s.k}
         cmd += ["--speculative-config", json.dumps(spec)]
     if drafter is not None or speculates:
         cmd += ["--per-request-spec-decode-metrics", "summary"]
     return cmd
+
+
+def vllm_method(drafter: Path) -> str:
+    """vLLM's speculative method for a drafter folder: its draft method's (drafter/methods), else eagle3."""
+    from drafter.methods import folder_method_or_default
+
+    return folder_method_or_default(drafter).VLLM_METHOD
 
 
 def server_env(cpu: bool, base: dict[str, str] | None = None) -> dict[str, str]:

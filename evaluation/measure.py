@@ -58,7 +58,7 @@ def serving_engine(request: Request) -> Engine | None:
 def measure(request: Request, folder: Path, mv: Any) -> Evaluation:
     """Offline acceptance, then each engine's decoding of the prompts, projected onto the binding point."""
     # torch and the decoder: loaded once every argument and the drafter's fit were checked
-    from drafter.formats.checkpoint import load_drafter
+    from drafter.methods import folder_method_or_default
     from drafter.model.target import PRECISIONS, load_target
     from engines.inprocess import InProcess
     from engines.protocol import Job
@@ -75,11 +75,10 @@ def measure(request: Request, folder: Path, mv: Any) -> Evaluation:
     dtype = PRECISIONS["float32" if held else request.precision]  # the drafter runs at the target's
     wanted = request.reference or request.data
     target = load_target(asked.target, dtype=dtype, progress=asked.progress) if wanted else None
-    drafter = (
-        load_drafter(folder, dtype, embedding=target.embedding_weight.detach().to(dtype)).eval() if target else None
-    )
+    method = folder_method_or_default(folder)
+    drafter = method.load(folder, dtype, target.embedding_weight, target.lm_head_weight) if target else None
     if request.data:
-        measure_offline(request, drafter, out)
+        measure_offline(request, method, drafter, out)
     if request.records:
         job = Job(Path(folder), Path(asked.target), request.records, request.k, request.max_new,
                   request.temperature, request.seed, asked.progress)  # fmt: skip
@@ -121,17 +120,15 @@ def warn(measured: Any, binding: Any) -> None:
         print(f"evaluate: warning: {line}")
 
 
-def measure_offline(request: Request, drafter: Any, out: Evaluation) -> None:
-    """Teacher-forced acceptance on a held-out hidden-state dataset (sim_accept_len, offline_acc_pos_i)."""
+def measure_offline(request: Request, method: Any, drafter: Any, out: Evaluation) -> None:
+    """Teacher-forced acceptance on a held-out hidden-state dataset (sim_accept_len, offline_acc_pos_i), as the
+    drafter's method counts it (drafter/methods)."""
     from drafter.data.dataset import HiddenStateDataset  # torch
-    from drafter.train.loop import check_fit, offline_stats
 
     ds = HiddenStateDataset(request.data)
-    check_fit(drafter.config, ds)
     out.dataset_digest = ds.index.get("digest", "")
-    stats = offline_stats(drafter, ds, list(range(len(ds))), ds.target_head()[drafter.t2d].float(), request.k)
-    out.offline_acc = stats.conditional_acceptance
-    out.metrics["sim_accept_len"] = stats.sim_accept_len
+    sim, out.offline_acc = method.offline_stats(drafter, ds, request.k)
+    out.metrics["sim_accept_len"] = sim
     out.metrics.update({f"offline_acc_pos_{i}": a for i, a in enumerate(out.offline_acc)})
 
 

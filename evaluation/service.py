@@ -20,16 +20,15 @@ from reports.operating import depth_sentences
 def evaluate(asked: Asked, open_run: OpenRun) -> Evaluation:
     """Every check before anything is measured, the measurement, its run, then the figures on the terminal."""
     # torch: the drafter's files are read once the arguments are known good
-    from drafter.analysis.compat import require_fit
-    from drafter.formats.checkpoint import load_config
-    from drafter.model.config import check_depth
+    from drafter.methods import require_fit
+    from drafter.methods import folder_method_or_default
     from registry.access.resolve import resolve_model
 
     request = check(asked)
     folder, mv = resolve_model(asked.model)
     trained_on = warn_contamination(mv, request.classes)
     require_fit(folder, asked.target, f"drafter {asked.model} does not fit target {asked.target}")
-    check_depth(load_config(folder), request.k, "draft steps (--draft_steps or the profile's)")
+    folder_method_or_default(folder).check_width(folder, request.k, "draft steps (--draft_steps or the profile's)")
     request = priced(request, folder)
     dep, digest = deployment_target(request)
     request = replace(request, precision=measuring_precision(request, dep, digest))

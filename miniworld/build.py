@@ -10,6 +10,8 @@ It replays the seed's story in miniature with real trained models:
    from 20x more conversations than the K2.5 fine-tuning set, saved like AQ-MedAI's release;
 6. (`--stage families`, over the pool) the K2.5-era public drafters of every family, trained for k2.5-mini
    and shipped in their exporters' layouts (miniworld/families.py).
+7. (`--stage methods`, over the pool) the public drafters of the other draft methods (DFlash), trained for
+   k2.5-mini and shipped in their makers' layouts (miniworld/methods.py).
 Figures and hashes land in miniworld/build_record.json.
 """
 
@@ -623,20 +625,33 @@ def build(cfg: BuildConfig, out: Path, stage: str = "all") -> dict:
     return record
 
 
+def drafters_stage(cfg: BuildConfig, out: Path, stage: str, build_them, names: list[str], quick: bool = False) -> dict:
+    """Drafters trained over an earlier full build (`build_them(out, capture_set, aux, seed, quick)` returns their
+    figures), recorded under `stage` with their files' hashes."""
+    record = json.loads((out / "build_record.json").read_text())
+    if record.get("config") != asdict(cfg):
+        raise SystemExit(f"--stage {stage} needs an earlier full build with the same settings")
+    t0 = time.perf_counter()
+    record.setdefault("figures", {})[stage] = build_them(out, capture_set, AUX_LAYERS, cfg.seed, quick)
+    record.setdefault("stage_seconds", {})[stage] = time.perf_counter() - t0
+    for name in names:
+        record["artifacts"][name] = sha256_tree(out / name)
+    (out / "build_record.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
 def build_families_stage(cfg: BuildConfig, out: Path, quick: bool = False) -> dict:
     """The K2.5-era family drafters (miniworld/families.py) over an earlier full build."""
     from miniworld.families import RECIPES, build_families
 
-    record = json.loads((out / "build_record.json").read_text())
-    if record.get("config") != asdict(cfg):
-        raise SystemExit("--stage families needs an earlier full build with the same settings")
-    t0 = time.perf_counter()
-    record.setdefault("figures", {})["families"] = build_families(out, capture_set, AUX_LAYERS, cfg.seed, quick)
-    record.setdefault("stage_seconds", {})["families"] = time.perf_counter() - t0
-    for recipe in RECIPES:
-        record["artifacts"][recipe.name] = sha256_tree(out / recipe.name)
-    (out / "build_record.json").write_text(json.dumps(record, indent=2) + "\n")
-    return record
+    return drafters_stage(cfg, out, "families", build_families, [r.name for r in RECIPES], quick)
+
+
+def build_methods_stage(cfg: BuildConfig, out: Path, quick: bool = False) -> dict:
+    """The other draft methods' public drafters (miniworld/methods.py) over an earlier full build."""
+    from miniworld.methods import DFLASH, build_methods
+
+    return drafters_stage(cfg, out, "methods", build_methods, [DFLASH["name"]], quick)
 
 
 def main() -> None:
@@ -647,11 +662,12 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="a few steps of everything (smoke test, not for use)")
     p.add_argument(
         "--stage",
-        choices=["all", "drafter", "pool", "workload", "long", "families"],
+        choices=["all", "drafter", "pool", "workload", "long", "families", "methods"],
         default="all",
         help="'drafter': retrain aq-mini-eagle3 only; 'pool': write the K2.5 conversation pool; 'workload': write the "
         "traffic classes of the deployment profile; 'long': its long-context class; 'families': the K2.5-era "
-        "drafters of every family (MLA/TorchSpec, ModelOpt, speculators); each over an "
+        "drafters of every family (MLA/TorchSpec, ModelOpt, speculators); 'methods': the other draft methods' "
+        "public drafters (DFlash); each over an "
         "earlier full build in --out",
     )
     args = p.parse_args()
@@ -677,6 +693,9 @@ def main() -> None:
         return
     if args.stage == "families":
         print(json.dumps(build_families_stage(cfg, Path(args.out), args.quick)["figures"]["families"], indent=2))
+        return
+    if args.stage == "methods":
+        print(json.dumps(build_methods_stage(cfg, Path(args.out), args.quick)["figures"]["methods"], indent=2))
         return
     if args.stage == "long":
         print(json.dumps(build_long(cfg, Path(args.out))["workload"]["classes"]["long"], indent=2))

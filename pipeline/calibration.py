@@ -21,7 +21,7 @@ import yaml
 from common.errors import BadInput, InternalError
 from common.prompt_files import file_digest, read_prompts
 from common.values import MAX_CONCURRENCY, integer, integers, none_if_empty
-from drafter.analysis.compat import require_fit
+from drafter.methods import require_fit
 from drafter.analysis.fingerprint import target_digest
 from drafter.analysis.step_cost import folder_step_cost
 from drafter.formats.checkpoint import load_config

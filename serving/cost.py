@@ -1,6 +1,8 @@
 """Throughput model: when does speculation pay, and what acceptance does a target speed need?
 
-cycle_ms = verify_ms + draft_steps * draft_step_ms; projected_tps = accept_len * 1000 / cycle_ms;
+cycle_ms = verify_ms + passes * draft_step_ms, where a chain method (EAGLE-3) runs one drafter pass per draft
+(passes = draft_steps) and a block method (DFlash) one pass for the whole block (passes = 1, drafter/methods);
+projected_tps = accept_len * 1000 / cycle_ms;
 break-even accept_len = baseline_tps * cycle_ms / 1000. With constant conditional acceptance p and
 k draft steps, E[accept_len] = (1 - p^(k+1)) / (1 - p); unbounded depth gives 1 / (1 - p).
 """
@@ -14,6 +16,21 @@ from serving.profile import Profile
 
 def break_even_accept_len(profile: Profile) -> float:
     return profile.baseline_tps * profile.cycle_ms / 1000.0
+
+
+def method_cycle_ms(profile: Profile, k: int, passes: int) -> float:
+    """One cycle at k drafts whose drafter runs `passes` times. A chain's (passes == k) is the profile's own, timed
+    where k was timed; any other shape is the fit's verify plus its passes, never a chain's timed point (those
+    hold k passes). On a profile whose whole cycle sits in verify_ms (draft_step_ms 0), drafting is free to
+    every method alike, which favours none."""
+    if passes == k:
+        return profile.with_draft_steps(k).cycle_ms
+    return profile.verify_ms + passes * profile.draft_step_ms
+
+
+def method_break_even(profile: Profile, k: int, passes: int) -> float:
+    """The accept_len a drafter of this cycle shape needs at k drafts to match plain decoding."""
+    return profile.baseline_tps * method_cycle_ms(profile, k, passes) / 1000.0
 
 
 def priced_for(profile: Profile, step_params: int) -> tuple[Profile, str]:

@@ -79,7 +79,7 @@ def parse(args: argparse.Namespace) -> tuple[Request, Any]:
     """The output folder (a plain, empty one whose name serve.sh can carry), the version and the serving alias it
     holds, its target (and the shape gate's pass against it), and the depth the promotion was decided at."""
     # deferred: torch comes with these, and --help or refused input needs none of it
-    from drafter.analysis.compat import require_fit
+    from drafter.methods import require_fit
     from engines import export
     from registry.access import store
 

@@ -230,15 +230,6 @@ def passed(checks: list[Check]) -> bool:
     return all(c.ok is not False for c in checks)
 
 
-def require_fit(folder: str | Path, target: str | Path, refusal: str) -> None:
-    """The shape gate's checks from headers: bad input (`refusal: what differs`) when the drafter cannot run
-    on the target, so nothing is measured or exported with a drafter that does not fit."""
-    checks = check_compat(drafter_facts(folder), target_facts(target))
-    if not passed(checks):
-        bad = "; ".join(f"{c.name}: expected {c.expected}, got {c.actual}" for c in checks if c.ok is False)
-        raise BadInput(f"{refusal}: {bad}")
-
-
 def verdict(checks: list[Check]) -> str:
     """`failed`, `passed-config-only` (nothing failed, a required check not made) or `passed`."""
     if not passed(checks):

@@ -44,9 +44,15 @@ def step_cost(cfg: DrafterConfig) -> StepCost:
 
 
 def folder_step_cost(folder: str | Path) -> StepCost:
-    """A drafter folder in any layout the project reads (drafter/formats/layouts.py)."""
+    """A drafter folder in any layout the project reads (drafter/formats/layouts.py), or of another draft method
+    (drafter/methods: a DFlash pass reads its layers and the target's head; `per_step` is then one pass's)."""
     from drafter.formats.layouts import view
+    from drafter.methods import folder_method
 
+    found = folder_method(folder)
+    if found is not None:
+        method, raw = found
+        return StepCost(*method.pass_parameters(method.read_config(raw, f"{folder}/config.json")))
     return step_cost(view(folder).config)
 
 

@@ -1,8 +1,8 @@
-"""Chain speculative decoding with an EAGLE-3 drafter and a transformers target (batch of one).
+"""Speculative decoding with a drafter (an EAGLE-3 chain or a DFlash block) and a transformers target (batch of one).
 
-Each cycle: the drafter proposes k tokens from the target's aux states, the target verifies them in
-one forward with its KV cache, the accepted prefix plus one token from the target (the correction, or
-the bonus token when all k were accepted) is kept, both caches are cropped, and the cycle repeats.
+Each cycle: the drafter proposes k tokens from the target's aux states (drafter/decode/proposers.py), the
+target verifies them in one forward with its KV cache, the accepted prefix plus one token from the target
+(the correction, or the bonus token when all k were accepted) is kept, both caches are cropped, and the cycle repeats.
 Greedy mode reproduces the target's greedy output token for token; sampling mode uses the standard
 lossless rule (accept d with probability min(1, p(d)/q(d)), else sample from max(0, p - q)).
 
@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from drafter.model.eagle3 import DraftCache, Eagle3Drafter
+from drafter.decode.proposers import proposer_for
+from drafter.model.dflash import DFlashDrafter
+from drafter.model.eagle3 import Eagle3Drafter
 from drafter.model.target import Target
 
 
@@ -71,7 +73,7 @@ def target_generate(
 @torch.no_grad()
 def speculative_generate(
     target: Target,
-    drafter: Eagle3Drafter,
+    drafter: Eagle3Drafter | DFlashDrafter,
     prompt: torch.Tensor,
     max_new_tokens: int,
     k: int,
@@ -86,12 +88,12 @@ def speculative_generate(
     n_ctx = prompt.shape[0]
     nxt = _pick(out.logits[0, -1], temperature, generator)
     tokens = [nxt]
-    dcache = DraftCache()
-    hidden = drafter.extend(dcache, torch.cat([prompt[1:], torch.tensor([nxt])]), out.aux_hidden[0])
+    proposer = proposer_for(drafter)
+    proposer.begin(prompt, nxt, out.aux_hidden[0])
     result = DecodeResult(tokens, target_forwards=1, prefill_seconds=time.perf_counter() - start)
     while len(tokens) < max_new_tokens and tokens[-1] != eos_token_id:
         t0 = time.perf_counter()
-        drafts, q = drafter.propose(dcache, hidden[:, -1:], k, temperature=temperature, generator=generator)
+        drafts, q = proposer.propose(k, temperature, generator)
         t1 = time.perf_counter()
         verify = target.forward(torch.cat([torch.tensor([nxt]), drafts])[None], past_key_values=out.past_key_values)
         result.verify_seconds += time.perf_counter() - t1
@@ -108,7 +110,7 @@ def speculative_generate(
         # keep the target's states for nxt and the accepted drafts; drop the rejected ones
         target.crop_cache(verify.past_key_values, n_ctx + 1 + n)
         out = verify
-        hidden = drafter.extend(dcache, torch.tensor(emitted), verify.aux_hidden[0, : n + 1])
+        proposer.advance(emitted, verify.aux_hidden[0, : n + 1])
         n_ctx += 1 + n
         nxt = new
     result.tokens = tokens

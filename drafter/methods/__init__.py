@@ -1,8 +1,10 @@
-"""Draft methods other than EAGLE-3, one module each, found by their config (one registration line each).
+"""Draft methods, one module each (one registration line each): EAGLE-3, the project's own format and the
+default, and the others, found by their config.
 
-A method module gives `NAME`, `detect(raw config) -> bool`, a config reader (`from_dict`, every field checked) and
-`rules(...)`: the gate's contract against a target. EAGLE-3 (the project's own format) is read by drafter/formats
-and gated by drafter/analysis/compat.
+Every method module gives `NAME`, `VLLM_METHOD` (the engine's name for it), `SHAPE` (chain or block) and
+`drafter_passes(k)` (what its cycle costs in drafter passes). The others also give `detect(raw config) -> bool`,
+a config reader (`from_dict`, every field checked), `rules(...)` (the gate's contract against a target) and
+`load`/`save` (their makers' layout). EAGLE-3 is read by drafter/formats and gated by drafter/analysis/compat.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from types import ModuleType
 from typing import Any
 
 from common.errors import BadInput
-from drafter.methods import dflash
+from drafter.methods import dflash, eagle3
 
-METHODS: tuple[ModuleType, ...] = (dflash,)
+DEFAULT = eagle3
+METHODS: tuple[ModuleType, ...] = (dflash,)  # detected by config; anything else is read as DEFAULT
 
 
 def method_of(raw: dict[str, Any]) -> ModuleType | None:
@@ -36,3 +39,20 @@ def folder_method(folder: str | Path) -> tuple[ModuleType, dict[str, Any]] | Non
         raise BadInput(f"{path}: not a JSON object")
     method = method_of(raw)
     return (method, raw) if method is not None else None
+
+
+def folder_method_or_default(folder: str | Path) -> ModuleType:
+    """The method a drafter folder drafts with (EAGLE-3 unless its config names another)."""
+    found = folder_method(folder)
+    return DEFAULT if found is None else found[0]
+
+
+def require_fit(folder: str | Path, target: str | Path, refusal: str) -> None:
+    """The shape gate's checks from headers, by the drafter's own method: bad input (`refusal: what differs`) when
+    the drafter cannot run on the target, so nothing is measured or exported with a drafter that does not fit."""
+    from drafter.analysis.compat import passed
+
+    checks = folder_method_or_default(folder).fit_checks(Path(folder), target)
+    if not passed(checks):
+        bad = "; ".join(f"{c.name}: expected {c.expected}, got {c.actual}" for c in checks if c.ok is False)
+        raise BadInput(f"{refusal}: {bad}")

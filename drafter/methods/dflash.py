@@ -12,14 +12,18 @@ The gate's Check rows (drafter/analysis/compat.py); no MLflow.
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from common.errors import BadInput
 from drafter.analysis.compat import Check
+from drafter.model.dflash import DFlashConfig
 
 NAME = "dflash"
+VLLM_METHOD = "dflash"  # vLLM's speculative_config method (vllm/v1/spec_decode/dflash.py)
+SHAPE = "block"  # one drafter pass a cycle drafts the whole block
 LAYER_TENSORS = (  # 11 per layer, Qwen3-style
     "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
     "self_attn.q_norm.weight", "self_attn.k_norm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
@@ -28,86 +32,29 @@ LAYER_TENSORS = (  # 11 per layer, Qwen3-style
 LAYER_ID_CONVENTION = "hidden_states[id + 1]: the output of decoder layer id (z-lab's reading)"
 
 
+def drafter_passes(k: int) -> int:  # noqa: ARG001 (every width is one pass)
+    """Drafter forward passes in one cycle at k drafts: one, whatever k (the verify is k + 1 wide)."""
+    return 1
+
+
+def pass_parameters(c: DFlashConfig) -> tuple[int, int]:
+    """(parameters one drafting pass reads, parameters read once a cycle): the layers, the final norm and the
+    borrowed head over the whole vocabulary a pass; `fc` and `hidden_norm` with the context states (the embedding
+    is a row lookup)."""
+    tensors = expected_tensors(c)
+    per_cycle = sum(math.prod(s) for n, s in tensors.items() if n.startswith(("fc.", "hidden_norm.")))
+    return sum(math.prod(s) for s in tensors.values()) - per_cycle + c.vocab_size * c.hidden_size, per_cycle
+
+
 def detect(raw: dict[str, Any]) -> bool:
     """A config in z-lab's or speculators' DFlash layout."""
     archs = raw.get("architectures") or []
     return "dflash_config" in raw or any("DFlash" in str(a) for a in archs if isinstance(a, str))
 
 
-@dataclass(frozen=True)
-class DFlashConfig:
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    block_size: int
-    mask_token_id: int
-    target_layer_ids: tuple[int, ...]
-    causal: bool
-    num_target_layers: int | None
-    rope_scaling: dict[str, Any] | None
-
-    @property
-    def yarn_attention_factor(self) -> float | None:
-        """The YaRN attention factor as z-lab resolves it: the config's own, else 0.1 ln(factor) + 1 (None: no
-        YaRN). vLLM after 0.29 started honouring `mscale` here, which moved this checkpoint's from 1.416 to 1."""
-        rs = self.rope_scaling or {}
-        if rs.get("rope_type", rs.get("type")) != "yarn":
-            return None
-        if "attention_factor" in rs:
-            return float(rs["attention_factor"])
-        factor = float(rs.get("factor", 1.0))
-        return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
-
-    @classmethod
-    def from_dict(cls, raw: Any, where: str = "config.json") -> DFlashConfig:
-        """Every field checked: one line naming the file and the field when one is missing or wrong."""
-        if not isinstance(raw, dict):
-            raise BadInput(f"{where}: not a JSON object")
-        inner = raw.get("dflash_config")
-        if not isinstance(inner, dict):
-            raise BadInput(f"{where}: 'dflash_config' is missing or not an object")
-
-        def whole(key: str, value: Any, low: int = 1) -> int:
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise BadInput(f"{where}: '{key}' is {value!r}, not a whole number >= {low}")
-            return value
-
-        ids = inner.get("target_layer_ids")
-        if not isinstance(ids, list) or not ids:
-            raise BadInput(f"{where}: 'dflash_config.target_layer_ids' is not a non-empty list of layer ids")
-        ids = tuple(whole(f"dflash_config.target_layer_ids[{i}]", x, 0) for i, x in enumerate(ids))
-        if len(set(ids)) != len(ids):
-            raise BadInput(f"{where}: 'dflash_config.target_layer_ids' {list(ids)} names a layer twice")
-        block = raw.get("block_size", inner.get("block_size"))
-        heads = whole("num_attention_heads", raw.get("num_attention_heads"))
-        hidden = whole("hidden_size", raw.get("hidden_size"))
-        head_dim = raw.get("head_dim", hidden // heads if hidden % heads == 0 else None)
-        causal = inner.get("causal", False)
-        if not isinstance(causal, bool):
-            raise BadInput(f"{where}: 'dflash_config.causal' is {causal!r}, not true or false")
-        rope = raw.get("rope_scaling")
-        if rope is not None and not isinstance(rope, dict):
-            raise BadInput(f"{where}: 'rope_scaling' is {rope!r}, not an object")
-        n_target = raw.get("num_target_layers")
-        return cls(
-            hidden_size=hidden,
-            num_hidden_layers=whole("num_hidden_layers", raw.get("num_hidden_layers")),
-            num_attention_heads=heads,
-            num_key_value_heads=whole("num_key_value_heads", raw.get("num_key_value_heads", heads)),
-            head_dim=whole("head_dim", head_dim),
-            intermediate_size=whole("intermediate_size", raw.get("intermediate_size")),
-            vocab_size=whole("vocab_size", raw.get("vocab_size")),
-            block_size=whole("block_size", block, 2),
-            mask_token_id=whole("dflash_config.mask_token_id", inner.get("mask_token_id"), 0),
-            target_layer_ids=ids,
-            causal=causal,
-            num_target_layers=None if n_target is None else whole("num_target_layers", n_target),
-            rope_scaling=rope,
-        )
+def read_config(raw: Any, where: str = "config.json") -> DFlashConfig:
+    """The method table's config reader (every field checked)."""
+    return DFlashConfig.from_dict(raw, where)
 
 
 def expected_tensors(c: DFlashConfig) -> dict[str, tuple[int, ...]]:
@@ -155,3 +102,142 @@ def rules(c: DFlashConfig, target_hidden: int, target_vocab: int, target_layers:
     out.append(Check("YaRN attention factor", "written explicitly on export", "no YaRN" if factor is None
                     else f"{factor:.4f}", True, informational=True))  # fmt: skip
     return out
+
+
+def config_dict(c: DFlashConfig, num_target_layers: int, torch_dtype: str = "float32") -> dict[str, Any]:
+    """config.json in z-lab's layout (vLLM's `DFlashDraftModel`), the resolved YaRN factor written explicitly."""
+    out: dict[str, Any] = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": c.hidden_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "intermediate_size": c.intermediate_size,
+        "hidden_act": "silu",
+        "vocab_size": c.vocab_size,
+        "max_position_embeddings": c.max_position_embeddings,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope.theta,
+        "tie_word_embeddings": False,
+        "block_size": c.block_size,
+        "num_target_layers": num_target_layers,
+        "dflash_config": {
+            "mask_token_id": c.mask_token_id,
+            "target_layer_ids": list(c.target_layer_ids),
+            "causal": c.causal,
+        },
+        "torch_dtype": torch_dtype,
+    }
+    if c.rope_scaling:
+        out["rope_scaling"] = {**c.rope_scaling, "attention_factor": c.yarn_attention_factor}
+    return out
+
+
+def save(model: Any, folder: Path, num_target_layers: int, dtype: str = "float32") -> None:
+    """A DFlash drafter (drafter/model/dflash.py) as z-lab ships one: config.json and model.safetensors, with no
+    embedding or head (the target's are borrowed)."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    state = {k: v.detach().to(torch_dtype).contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config_dict(model.config, num_target_layers, dtype), indent=2))
+
+
+def fit_checks(folder: Path, target: str | Path) -> list[Check]:
+    """The gate's rules against the target, from the config and the weights' header (when the folder has
+    weights; without them the tensors are not checked and the verdict says so)."""
+    from drafter.analysis.compat import target_facts
+    from drafter.formats.checkpoint import read_header
+
+    folder = Path(folder)
+    cfg = read_config(json.loads((folder / "config.json").read_text()), str(folder / "config.json"))
+    has_weights = any(folder.glob("*.safetensors")) or (folder / "model.safetensors.index.json").is_file()
+    header = {n: tuple(i.shape) for n, i in read_header(folder).items()} if has_weights else None
+    t = target_facts(target).config
+    return rules(cfg, t.hidden_size, t.vocab_size, t.num_hidden_layers, header)
+
+
+def check_width(folder: Path, k: int, what: str) -> None:
+    """k drafts fit in one block (the bonus token takes its first position)."""
+    c = read_config(json.loads((Path(folder) / "config.json").read_text()), str(Path(folder) / "config.json"))
+    if not 1 <= k < c.block_size:
+        raise BadInput(f"{what} {k}: a DFlash drafter with block size {c.block_size} drafts 1..{c.block_size - 1}")
+
+
+def offline_stats(model: Any, dataset: Any, k: int) -> tuple[float, list[float]]:
+    """Teacher-forced (sim_accept_len, conditional acceptance by position) of the blocks of a held-out dataset."""
+    from drafter.train.block_loop import block_stats
+
+    if list(dataset.layer_ids) != list(model.config.target_layer_ids):
+        raise BadInput(f"the dataset holds layers {list(dataset.layer_ids)}; the drafter reads "
+                       f"{list(model.config.target_layer_ids)}")  # fmt: skip
+    return block_stats(model, dataset, list(range(len(dataset))), k)
+
+
+def load(folder: str | Path, dtype: Any, embedding: Any, lm_head: Any) -> Any:
+    """A DFlash drafter from its folder over the target's embedding and head; every tensor is checked against
+    the layout's contract before it is loaded (one line naming the tensor otherwise)."""
+    import torch
+
+    from drafter.formats.checkpoint import read_header
+    from drafter.model.dflash import DFlashDrafter
+
+    folder = Path(folder)
+    c = DFlashConfig.from_dict(json.loads((folder / "config.json").read_text()), str(folder / "config.json"))
+    header = read_header(folder)
+    want = expected_tensors(c)
+    for name, shape in want.items():
+        got = header.get(name)
+        if got is None or tuple(got.shape) != shape:
+            raise BadInput(f"{folder}: tensor {name} is {'missing' if got is None else list(got.shape)}, "
+                           f"the config makes it {list(shape)}")  # fmt: skip
+    from safetensors import safe_open
+
+    from drafter.model.eagle3 import Rotary
+
+    model = DFlashDrafter(c, embedding.detach().to(dtype), lm_head.detach().to(dtype)).to(dtype)
+    model.rotary = Rotary(c.head_dim, c.rope, c.max_position_embeddings)  # angles in float32 at any dtype
+
+    params = model.state_dict()
+    with torch.no_grad():
+        for fname in {info.file for info in header.values()}:
+            with safe_open(str(folder / fname), framework="pt") as fh:
+                for name in fh.keys():  # noqa: SIM118
+                    if name in want:
+                        tensor = fh.get_tensor(name)
+                        if not torch.isfinite(tensor).all():
+                            raise BadInput(f"{folder / fname}: tensor '{name}' has NaN/Inf values")
+                        params[name].copy_(tensor.to(dtype))
+    return model.eval()
+
+
+ENGINE_READS = "dflash_config.target_layer_ids: the output of layer i (vLLM adds 1 to reach its own reading)"
+
+
+def export_for(src: Path, out: Path, engine: str, k: int) -> dict[str, Any]:
+    """The folder `engine` loads, in `out`, and the record of which target layers it feeds. vLLM (`method: dflash`)
+    reads z-lab's folder as it is, so the config is rewritten only to make what engines resolve differently
+    explicit: the YaRN attention factor the drafter was trained with. Returns the aux-layer record."""
+    import shutil
+
+    if engine != "vllm":
+        raise BadInput(f"{src}: a DFlash drafter is exported for vllm only ({engine} is not built for it yet)")
+    where = src / "config.json"
+    raw = json.loads(where.read_text())
+    c = DFlashConfig.from_dict(raw, str(where))
+    if not 1 <= k < c.block_size:
+        raise BadInput(f"--k {k}: a DFlash drafter with block size {c.block_size} drafts 1..{c.block_size - 1}")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in sorted(p.name for p in src.iterdir() if p.suffix == ".safetensors" or p.name.endswith(".index.json")):
+        shutil.copyfile(src / name, out / name)
+    if c.yarn_attention_factor is not None:
+        raw["rope_scaling"] = {**raw["rope_scaling"], "attention_factor": c.yarn_attention_factor}
+    (out / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+    ids = list(c.target_layer_ids)
+    return {"engine": engine, "project_ids": ids, "handed_ids": ids, "engine_reads_id_as": ENGINE_READS,
+            "target_layer_outputs_fed": ids, "matches_training": True}  # fmt: skip

