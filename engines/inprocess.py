@@ -70,7 +70,7 @@ class InProcessRun:
         return [from_trace(a, self.online.k).steps for a in self.online.accepted]
 
     def metrics(self, profile: Profile) -> dict[str, float]:
-        key = (profile.name, profile.digest)
+        key = (profile.name, profile.digest, profile.draft_shape)
         if key not in self._figures:
             self._figures[key] = self.online.metrics(profile, self.host)
         return dict(self._figures[key])  # a copy: callers add their own figures to it
@@ -124,4 +124,7 @@ class InProcess:
                 f"target's own at a near-tie of its {self.target.model.dtype} arithmetic (logit gap <= "
                 f"{online.tie_gap:.3g}): a verify block rounds otherwise than one token at a time"
             )
-        return InProcessRun(online)
+        from drafter.methods import folder_method_or_default
+
+        host = host_profile()  # this host's cycle, for the drafter's own cycle shape
+        return InProcessRun(online, host=host.shaped(folder_method_or_default(job.folder).SHAPE) if host else None)

@@ -13,16 +13,16 @@ from drafter.analysis.fingerprint import target_digest
 from evaluation.request import Request
 from registry.ledger.deployment import deployment
 from registry.ledger.evidence import record as ev_record
-from serving.cost import priced_for
 
 
 def priced(request: Request, folder: Path) -> Request:
-    """The figures projected at this drafter's own draft-step cost (serving.cost.priced_for); the evidence
-    stays bound to the profile as written, and promote prices it again from the weights."""
-    from drafter.analysis.step_cost import folder_step_cost  # torch: read once the drafter is known
+    """The figures projected at this drafter's own cycle: its method's shape (a pass per draft, or one for the
+    block) and its own pass cost (serving.cost.priced_for); the evidence stays bound to the profile as written,
+    and promote prices it again from the weights."""
+    from drafter.analysis.step_cost import priced_for_folder  # torch: read once the drafter is known
 
-    priced_deployment, pricing = priced_for(request.deployment, folder_step_cost(folder).per_step)
-    if priced_deployment is not request.deployment:
+    shaped, priced_deployment, pricing = priced_for_folder(request.deployment, folder)
+    if priced_deployment is not shaped:
         print(f"evaluate: {pricing}")
     return replace(request, deployment=priced_deployment, binding=priced_deployment.binding())
 

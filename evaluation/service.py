@@ -20,8 +20,7 @@ from reports.operating import depth_sentences
 def evaluate(asked: Asked, open_run: OpenRun) -> Evaluation:
     """Every check before anything is measured, the measurement, its run, then the figures on the terminal."""
     # torch: the drafter's files are read once the arguments are known good
-    from drafter.methods import require_fit
-    from drafter.methods import folder_method_or_default
+    from drafter.methods import folder_method_or_default, require_fit
     from registry.access.resolve import resolve_model
 
     request = check(asked)

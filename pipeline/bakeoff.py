@@ -234,12 +234,12 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
     """The ranking and its tables; with --promote, the winner handed to `promote` when the bake-off allows."""
     import mlflow
 
-    from drafter.analysis.step_cost import folder_step_cost
+    from drafter.analysis.step_cost import priced_for_folder
     from registry.access import store
     from registry.ledger.bakeoff import classes_of, may_promote
     from reports import bakeoff as report
     from serving.acceptance import mix_per_request
-    from serving.cost import break_even_accept_len, priced_for
+    from serving.cost import break_even_accept_len
     from serving.paired import rank
     from serving.workload import class_figures
 
@@ -248,9 +248,9 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
     be, pricing = {}, {}
     for cand in gated:
         _, folder = store.version_folder(f"models:/{cand.mv.name}/{cand.mv.version}")
-        priced, said = priced_for(profile, folder_step_cost(folder).per_step)
+        shaped, priced, said = priced_for_folder(profile, folder)
         be[cand.label] = break_even_accept_len(priced.binding())
-        pricing[f"- {cand.label}: {said}" if priced is not profile else said] = None  # "not priced" said once
+        pricing[f"- {cand.label}: {said}" if priced is not shaped else said] = None  # "not priced" said once
     counts = {cand.label: classes_of(cand.record, profile) for cand in gated}
     ranking = rank(counts)
     figures = {label: class_figures(parts, be[label]) for label, parts in counts.items()}

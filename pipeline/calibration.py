@@ -21,10 +21,10 @@ import yaml
 from common.errors import BadInput, InternalError
 from common.prompt_files import file_digest, read_prompts
 from common.values import MAX_CONCURRENCY, integer, integers, none_if_empty
-from drafter.methods import require_fit
 from drafter.analysis.fingerprint import target_digest
 from drafter.analysis.step_cost import folder_step_cost
 from drafter.formats.checkpoint import load_config
+from drafter.methods import require_fit
 from engines import calibration, environment, export, vllm
 from registry.ledger.deployment import sign_calibration
 from reports import calibration as report

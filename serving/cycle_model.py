@@ -27,8 +27,15 @@ class OperatingPoint:
     verify_ms: float
     draft_step_ms: float
     cycle_ms_measured: tuple[tuple[int, float], ...] = ()  # (k, ms): the timed cycles the fit came from
+    # the drafter's cycle shape (drafter/methods): "chain" runs a pass per draft, "block" one pass for all; set on
+    # a view for one drafter, never in the identity (the profile as written prices a chain)
+    draft_shape: str = "chain"
 
     def cycle_ms(self, k: int) -> float:
+        """A chain's cycle at depth k: timed where k was timed, fitted elsewhere. A block's: the fit's verify plus
+        one pass, at any k (a chain's timed points hold k passes, so none is a block's)."""
+        if self.draft_shape == "block":
+            return self.verify_ms + self.draft_step_ms
         return dict(self.cycle_ms_measured).get(k, self.verify_ms + k * self.draft_step_ms)
 
     def break_even(self, k: int) -> float:

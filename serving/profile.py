@@ -78,10 +78,21 @@ class Profile:
     draft_step_params: int = 0
     # what the production watch does about a drop (registry/watch.Policy's fields): action, tolerance, ...
     watch: dict = field(default_factory=dict, compare=False)
+    # the cycle shape of the drafter this view prices (drafter/methods): set by `shaped`, never in the digest
+    draft_shape: str = "chain"
 
     @property
     def cycle_ms(self) -> float:
+        if self.draft_shape == "block":  # one drafter pass drafts the whole block, at any width
+            return self.verify_ms + self.draft_step_ms
         return dict(self.cycle_points).get(self.draft_steps, self.verify_ms + self.draft_steps * self.draft_step_ms)
+
+    def shaped(self, shape: str) -> Profile:
+        """This profile pricing a drafter of this cycle shape ("chain" or "block"), at every operating point."""
+        if shape not in ("chain", "block"):
+            raise ValueError(f"unknown cycle shape {shape!r}")
+        ops = tuple(replace(op, draft_shape=shape) for op in self.operating_points)
+        return replace(self, draft_shape=shape, operating_points=ops)
 
     def with_draft_steps(self, k: int) -> Profile:
         return replace(self, draft_steps=k)
@@ -128,6 +139,7 @@ class Profile:
             "context_floors",
             "draft_step_params",
             "watch",
+            "draft_shape",
         }
         out: dict[str, object] = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
         out["workload"] = [c.identity() for c in self.workload]

@@ -77,3 +77,18 @@ def test_the_dflash_export_writes_the_yarn_factor_and_refuses_what_it_cannot_ser
     dflash.export_for(real, tmp_path / "out", "vllm", 7)
     scaling = json.loads((tmp_path / "out" / "config.json").read_text())["rope_scaling"]
     assert scaling["attention_factor"] == pytest.approx(0.1 * __import__("math").log(64) + 1)
+
+
+def test_a_shaped_profile_prices_a_block_at_every_operating_point_and_keeps_its_digest():
+    host = load_profile("host")
+    block = host.shaped("block")
+    assert block.digest == host.digest  # the drafter's shape is a view, not the deployment's terms
+    assert block.with_draft_steps(7).cycle_ms == pytest.approx(host.verify_ms + host.draft_step_ms)
+    calibrated = load_profile("host-vllm")  # operating points whose chain cycles were timed
+    shaped = calibrated.shaped("block")
+    for op in shaped.operating_points:
+        assert op.cycle_ms(5) == pytest.approx(op.verify_ms + op.draft_step_ms)
+    assert shaped.binding().draft_shape == "block"
+    assert method_break_even(calibrated, 3, 1) == pytest.approx(break_even_accept_len(shaped.binding()))
+    with pytest.raises(ValueError, match="unknown cycle shape"):
+        host.shaped("tree")

@@ -16,6 +16,7 @@ import argparse
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from drafter.formats.checkpoint import EMBED, expected_tensors
 from drafter.model.config import DrafterConfig
@@ -54,6 +55,17 @@ def folder_step_cost(folder: str | Path) -> StepCost:
         method, raw = found
         return StepCost(*method.pass_parameters(method.read_config(raw, f"{folder}/config.json")))
     return step_cost(view(folder).config)
+
+
+def priced_for_folder(profile: Any, folder: str | Path) -> tuple[Any, Any, str]:
+    """(the profile shaped for the drafter's method, that view priced at what its pass reads, the sentence that says
+    so): every decision prices a drafter this one way (serving.cost.priced_for; Profile.shaped)."""
+    from drafter.methods import folder_method_or_default
+    from serving.cost import priced_for
+
+    shaped = profile.shaped(folder_method_or_default(folder).SHAPE)
+    priced, said = priced_for(shaped, folder_step_cost(folder).per_step)
+    return shaped, priced, said
 
 
 def main(argv: list[str] | None = None) -> None:

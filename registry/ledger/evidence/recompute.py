@@ -7,7 +7,7 @@ from typing import Any
 
 from registry.ledger.evidence.verify import Found, deciding, mismatches, pinned_keys, records_for
 from registry.ledger.policy import Evidence
-from serving.cost import break_even_accept_len, priced_for
+from serving.cost import break_even_accept_len
 from serving.profile import Profile
 from serving.workload import class_figures, context_figures
 
@@ -56,9 +56,9 @@ def recompute(c: Any, mv: Any, profile: Profile, dep: Any = None, holder: bool =
         if not any(r == run and engine in ("", e) for e, r in acknowledged)
     ]  # fmt: skip
     # records match the profile as written; the break-even is the one this drafter's draft steps cost
-    from drafter.analysis.step_cost import folder_step_cost
+    from drafter.analysis.step_cost import priced_for_folder
 
-    priced, pricing = priced_for(profile, folder_step_cost(folder).per_step)
+    _, priced, pricing = priced_for_folder(profile, folder)
     points = priced.serving_points()
     ops = tuple((p.concurrency, _share(profile, p), break_even_accept_len(p)) for p in points if p.concurrency)
     basis = "; ".join(part for part in (dep.basis, pricing) if part)
