@@ -235,6 +235,7 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
     import mlflow
 
     from drafter.analysis.step_cost import priced_for_folder
+    from drafter.methods import folder_method_or_default
     from registry.access import store
     from registry.ledger.bakeoff import classes_of, may_promote
     from reports import bakeoff as report
@@ -245,9 +246,11 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
 
     profile = request.profile
     # each drafter's break-even at the hardest operating point, its draft steps priced by what they read
-    be, pricing = {}, {}
+    be, pricing, methods = {}, {}, {}
     for cand in gated:
         _, folder = store.version_folder(f"models:/{cand.mv.name}/{cand.mv.version}")
+        method = folder_method_or_default(folder)  # read from its files, as its pricing is
+        methods[cand.label] = f"{method.NAME}, {method.SHAPE}"
         shaped, priced, said = priced_for_folder(profile, folder)
         be[cand.label] = break_even_accept_len(priced.binding())
         pricing[f"- {cand.label}: {said}" if priced is not shaped else said] = None  # "not priced" said once
@@ -279,8 +282,8 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
         final = promotion
         verdict += f" {promotion[0].upper()}{promotion[1:]}."
     floor, share = profile.class_floor, profile.min_share
-    who = "\n".join(f"- {cand.label}: {cand.arg}" + (" (production's holder)" if cand.incumbent else "")
-                    for cand in gated)  # fmt: skip
+    who = "\n".join(f"- {cand.label}: {cand.arg} ({methods[cand.label]})" + (" (production's holder)"
+                    if cand.incumbent else "") for cand in gated)  # fmt: skip
     left_out = [f"- {cand.arg}: shape gate {cand.gate}" for cand in request.candidates if cand not in gated]
     run = mlflow.active_run().info
     link = compare_runs_link(c, [cand.record.run_id for cand in gated])

@@ -69,7 +69,7 @@ class Gate:
 
 def measure(model: str, target: str, reference: str | None = None) -> Gate:
     """Every check of the drafter against the target (headers and configs only), and the engines' aux ids."""
-    other = folder_method(model) if not model.startswith("models:/") and Path(model).is_dir() else None
+    other = other_method(model)
     if other is not None:
         return measure_method(*other, model, target)
     facts, mv = facts_for(model)
@@ -100,19 +100,33 @@ def measure(model: str, target: str, reference: str | None = None) -> Gate:
     return Gate(model, target, reference, mv, label, checks, result, md, engine_rows, cmp_md, lines)
 
 
-def measure_method(method: Any, raw: dict[str, Any], model: str, target: str) -> Gate:
+def other_method(model: str) -> tuple[Any, dict[str, Any], Path, Any] | None:
+    """(method, raw config, folder, version or None) for a drafter of another draft method (drafter/methods), named
+    by folder or registry URI; None for an EAGLE-3 drafter."""
+    if model.startswith("models:/"):
+        from registry.access import store
+
+        mv, folder = store.version_folder(model)
+        found = folder_method(folder)
+        return None if found is None else (*found, Path(folder), mv)
+    found = folder_method(model) if Path(model).is_dir() else None
+    return None if found is None else (*found, Path(model), None)
+
+
+def measure_method(method: Any, raw: dict[str, Any], folder: Path, mv: Any, model: str, target: str) -> Gate:
     """A drafter of another method (drafter/methods): its config read and its rules checked against the target,
     from the config and the weights' header (when the folder has weights)."""
-    method.read_config(raw, str(Path(model) / "config.json"))  # a malformed config is bad input before the target
+    method.read_config(raw, str(folder / "config.json"))  # a malformed config is bad input before the target
     tfacts = target_facts(target)
-    checks = method.fit_checks(Path(model), target)
+    checks = method.fit_checks(folder, target)
     result, md = verdict(checks), table(checks)
     failed = [c.name for c in checks if c.ok is False]
     lines = [f"shape_gate: {model} ({method.NAME}) vs target {tfacts.source}", "", md, "",
              f"shape_gate: {result.upper()}" + (f" ({', '.join(failed)})" if failed else "")]  # fmt: skip
     if result == "passed-config-only":
         lines.append("shape_gate: no weights beside the config: the tensors were not checked")
-    return Gate(model, target, None, None, Path(model).name, checks, result, md, [], None, lines)
+    label = folder.name if mv is None else run_label(mv, str(target))
+    return Gate(model, target, None, mv, label, checks, result, md, [], None, lines)
 
 
 def publish(gate: Gate, open_run: OpenRun, asked: Mapping[str, object], context: str = "") -> None:

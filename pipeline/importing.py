@@ -16,6 +16,7 @@ from common.runs import OpenRun
 from drafter.formats.checkpoint import header_problems, load_config, read_header
 from drafter.formats.layouts import detect, family_of
 from drafter.formats.speculators import verifier_of
+from drafter.methods import folder_method
 from drafter.model.config import read_json
 from registry.access import naming
 from registry.access.resolve import HUB_DRAFTER_FILES, parse_hub_ref
@@ -35,8 +36,12 @@ class Staged:
 
 
 def stage(source: str, revision: str | None, tmp: Path, allow_pickle: bool = False) -> Staged:
-    """The drafter fetched, in the project's layout under `tmp`, its header checked against its config."""
+    """The drafter fetched, in the project's layout under `tmp` (a drafter of another draft method in its makers'
+    layout, drafter/methods), its header checked against its config."""
     folder, source_tag, commit = fetch(source, revision)
+    other = folder_method(folder)
+    if other is not None:
+        return Staged(folder, other[0].checked_header(folder), {"method": other[0].NAME}, source_tag, commit)
     folder, converted = project_layout(folder, tmp, allow_pickle)
     return Staged(folder, checked_header(folder), converted, source_tag, commit)
 

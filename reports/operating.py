@@ -36,7 +36,8 @@ def points_of(profile: Profile) -> list[OperatingPoint]:
     """The operating points (a hand-written profile: its one figure, as a point at unknown concurrency 0)."""
     if profile.operating_points:
         return list(profile.operating_points)
-    return [OperatingPoint(0, 1.0, profile.baseline_tps, profile.verify_ms, profile.draft_step_ms)]
+    return [OperatingPoint(0, 1.0, profile.baseline_tps, profile.verify_ms, profile.draft_step_ms,
+                           draft_shape=profile.draft_shape)]  # fmt: skip
 
 
 def depth_choices(profile: Profile, acc_pos: list[float], k: int) -> list[DepthChoice]:

@@ -107,7 +107,7 @@ def test_compare_ranks_real_drafters_paired_reuses_evidence_and_promotes_through
     assert len(_evaluate_runs(c)) == before + 3  # one each here: the bake profile's workload is new
     note = run.data.tags["mlflow.note.content"]
     assert note.startswith("**v") and "ranks first on bake's traffic mix" in note  # the verdict first
-    assert f"v{production}: models:/{NAME}@production (production's holder)" in note
+    assert f"v{production}: models:/{NAME}@production (eagle3, chain) (production's holder)" in note
     assert "ranks first" in first.stdout and "| rank | drafter |" in first.stdout
     assert "paired narrower by" in first.stdout
 

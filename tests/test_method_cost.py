@@ -92,3 +92,12 @@ def test_a_shaped_profile_prices_a_block_at_every_operating_point_and_keeps_its_
     assert method_break_even(calibrated, 3, 1) == pytest.approx(break_even_accept_len(shaped.binding()))
     with pytest.raises(ValueError, match="unknown cycle shape"):
         host.shaped("tree")
+
+
+def test_a_hand_written_profiles_one_point_keeps_the_drafters_shape():
+    from reports.operating import depth_choices, points_of
+
+    block = load_profile("host").shaped("block")
+    assert points_of(block)[0].draft_shape == "block"
+    # one pass at any width: the deepest width the acceptance reaches is the one to serve
+    assert [c.k for c in depth_choices(block, [0.5, 0.5, 0.5], 3)] == [3]

@@ -24,6 +24,7 @@ from drafter.model.dflash import DFlashConfig
 NAME = "dflash"
 VLLM_METHOD = "dflash"  # vLLM's speculative_config method (vllm/v1/spec_decode/dflash.py)
 SHAPE = "block"  # one drafter pass a cycle drafts the whole block
+LAYOUT = "z-lab"  # the folder as z-lab ships it, which vLLM loads as it is
 LAYER_TENSORS = (  # 11 per layer, Qwen3-style
     "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
     "self_attn.q_norm.weight", "self_attn.k_norm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
@@ -179,16 +180,13 @@ def offline_stats(model: Any, dataset: Any, k: int) -> tuple[float, list[float]]
     return block_stats(model, dataset, list(range(len(dataset))), k)
 
 
-def load(folder: str | Path, dtype: Any, embedding: Any, lm_head: Any) -> Any:
-    """A DFlash drafter from its folder over the target's embedding and head; every tensor is checked against
-    the layout's contract before it is loaded (one line naming the tensor otherwise)."""
-    import torch
-
+def checked_header(folder: str | Path) -> dict[str, Any]:
+    """The weights' header, every tensor of the layout at its config's shape and nothing else (an embedding or head
+    of its own included: the target's are borrowed): bad input naming the tensor otherwise. No weights are read."""
     from drafter.formats.checkpoint import read_header
-    from drafter.model.dflash import DFlashDrafter
 
     folder = Path(folder)
-    c = DFlashConfig.from_dict(json.loads((folder / "config.json").read_text()), str(folder / "config.json"))
+    c = read_config(json.loads((folder / "config.json").read_text()), str(folder / "config.json"))
     header = read_header(folder)
     want = expected_tensors(c)
     for name, shape in want.items():
@@ -196,13 +194,27 @@ def load(folder: str | Path, dtype: Any, embedding: Any, lm_head: Any) -> Any:
         if got is None or tuple(got.shape) != shape:
             raise BadInput(f"{folder}: tensor {name} is {'missing' if got is None else list(got.shape)}, "
                            f"the config makes it {list(shape)}")  # fmt: skip
+    extra = sorted(set(header) - set(want))
+    if extra:
+        raise BadInput(f"{folder}: tensors not in a DFlash drafter: {', '.join(extra[:5])}")
+    return header
+
+
+def load(folder: str | Path, dtype: Any, embedding: Any, lm_head: Any) -> Any:
+    """A DFlash drafter from its folder over the target's embedding and head; every tensor is checked against
+    the layout's contract before it is loaded (one line naming the tensor otherwise)."""
+    import torch
     from safetensors import safe_open
 
+    from drafter.model.dflash import DFlashDrafter
     from drafter.model.eagle3 import Rotary
 
+    folder = Path(folder)
+    c = read_config(json.loads((folder / "config.json").read_text()), str(folder / "config.json"))
+    header = checked_header(folder)
+    want = expected_tensors(c)
     model = DFlashDrafter(c, embedding.detach().to(dtype), lm_head.detach().to(dtype)).to(dtype)
     model.rotary = Rotary(c.head_dim, c.rope, c.max_position_embeddings)  # angles in float32 at any dtype
-
     params = model.state_dict()
     with torch.no_grad():
         for fname in {info.file for info in header.values()}:

@@ -34,7 +34,11 @@ def save_model(path: str | Path, drafter_folder: str | Path, mlflow_model: Any =
     for f in serving_files(Path(drafter_folder)):
         shutil.copyfile(f, path / f.name)
     mlflow_model = mlflow_model or Model()
-    mlflow_model.add_flavor(FLAVOR_NAME, drafter_version=getattr(drafter, "__version__", "0.1.0"), layout="sglang")
+    from drafter.methods import folder_method
+
+    other = folder_method(drafter_folder)
+    layout = "sglang" if other is None else other[0].LAYOUT
+    mlflow_model.add_flavor(FLAVOR_NAME, drafter_version=getattr(drafter, "__version__", "0.1.0"), layout=layout)
     mlflow.pyfunc.add_to_model(mlflow_model, loader_module="registry.access.flavor", data=".")
     mlflow_model.save(str(path / "MLmodel"))
 
@@ -47,7 +51,12 @@ class DrafterPyfunc:
 
     def __init__(self, folder: str) -> None:
         from drafter.formats.checkpoint import load_drafter
+        from drafter.methods import folder_method
 
+        other = folder_method(folder)
+        if other is not None:
+            raise ValueError(f"{folder}: a {other[0].NAME} drafter drafts from its target's embedding and head: "
+                             "load it beside the target with its method's `load` (drafter.methods)")  # fmt: skip
         self.folder = folder
         self.model = load_drafter(folder)
 
