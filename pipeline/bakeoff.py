@@ -264,6 +264,9 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
     flags = {cand.label: cand.flag for cand in gated if cand.flag}
     winner = next((label for label in ranking.order if label not in flags), None)  # a flagged one never is
     verdict = report.verdict(ranking, figures, be, profile.name, incumbent, flags)
+    if len({m.split(",")[0] for m in methods.values()}) > 1 and ranking.order:  # the answer names its method
+        first = ranking.order[0]
+        verdict += f" It is a {methods[first].split(',')[0]} drafter, each priced at its own method's cycle."
     if flipped:
         verdict += " " + " ".join(flipped)
     code, final, promotion = 0, "ranked; nothing promoted (no --promote)", ""

@@ -54,3 +54,5 @@ def test_compare_ranks_a_dflash_drafter_beside_an_eagle3_one_each_at_its_own_bre
     assert "0.36" in out and "0.32" in out, out
     ranked = [line for line in out.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
     assert len(ranked) == 2 and any("zl-mini-dflash" in line for line in ranked)
+    first = "dflash" if "zl-mini-dflash" in ranked[0] else "eagle3"
+    assert f"It is a {first} drafter, each priced at its own method's cycle." in out
