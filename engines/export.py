@@ -38,6 +38,7 @@ class Exported:
     k: int
     aux: dict  # drafter/aux_layers.mapping of what was handed
     names: tuple[str, ...] = ()  # served names beside the target's (engines/endpoint.drafter_name)
+    method: str = "eagle3"  # the engine's speculative method, read from the files when they were written
 
 
 def served_target(target: str | Path, engine: str) -> str:
@@ -58,7 +59,7 @@ def write(src: Path, out: Path, engine: str, k: int, target: str | Path, handed_
     other = folder_method(src)
     if other is not None:  # another draft method exports itself (drafter/methods)
         aux = other[0].export_for(Path(src), Path(out), engine, k)
-        return Exported(engine, Path(out), served_target(target, engine), k, aux)
+        return Exported(engine, Path(out), served_target(target, engine), k, aux, method=other[0].VLLM_METHOD)
     cfg = load_config(src)
     aux = aux_layers.mapping(list(cfg.aux_layer_ids), READS_AS[engine], handed_ids)
     target_for_engine = served_target(target, engine)
@@ -104,7 +105,8 @@ def server_argv(exported: Exported, settings: vllm.Settings, python: str = PYTHO
         return sglang.server_command(Path(python), Path(exported.target), port, s, exported.folder)  # type: ignore[arg-type]
     if exported.engine == "speculators":  # `vllm serve <folder>`: the folder names its verifier and depth
         return vllm.server_command(Path(python), exported.folder, port, s, None, exported.names)  # type: ignore[arg-type]
-    return vllm.server_command(Path(python), Path(exported.target), port, s, exported.folder, exported.names)  # type: ignore[arg-type]
+    return vllm.server_command(Path(python), Path(exported.target), port, s, exported.folder, exported.names,  # type: ignore[arg-type]
+                               method=exported.method)  # fmt: skip
 
 
 def plain_argv(exported: Exported, settings: vllm.Settings, python: str = PYTHON, port: str = PORT) -> list[str]:

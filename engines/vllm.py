@@ -55,10 +55,12 @@ class Settings:
 
 
 def server_command(python: Path, model: Path, port: int, s: Settings, drafter: Path | None,
-                   names: tuple[str, ...] = (), speculates: bool | None = None) -> list[str]:  # fmt: skip
+                   names: tuple[str, ...] = (), speculates: bool | None = None,
+                   method: str | None = None) -> list[str]:  # fmt: skip
     """The server's command; `names` are served names beside SERVED_NAME (export's says which drafter runs). A
     speculating server (one given a drafter, or `speculates`: a speculators folder as the model) returns each
-    request's verify-step histogram with its last chunk (--per-request-spec-decode-metrics)."""
+    request's verify-step histogram with its last chunk (--per-request-spec-decode-metrics). `method`: the
+    speculative method when the drafter folder is not (yet) where it will be served from (export's serve.sh)."""
     cmd = [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model), "--served-model-name", SERVED_NAME, *names,
@@ -67,7 +69,7 @@ def server_command(python: Path, model: Path, port: int, s: Settings, drafter: P
         "--enforce-eager", "--generation-config", "vllm",
     ]  # fmt: skip
     if drafter is not None:
-        spec = {"method": vllm_method(drafter), "model": str(drafter), "num_speculative_tokens": s.k}
+        spec = {"method": method or vllm_method(drafter), "model": str(drafter), "num_speculative_tokens": s.k}
         cmd += ["--speculative-config", json.dumps(spec)]
     if drafter is not None or speculates:
         cmd += ["--per-request-spec-decode-metrics", "summary"]

@@ -54,5 +54,9 @@ def test_compare_ranks_a_dflash_drafter_beside_an_eagle3_one_each_at_its_own_bre
     assert "0.36" in out and "0.32" in out, out
     ranked = [line for line in out.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
     assert len(ranked) == 2 and any("zl-mini-dflash" in line for line in ranked)
+    exported = run_step("export", ["--model", "models:/zl-mini-dflash/1", "--engine", "vllm", "--any_version", "yes",
+                                   "--out", str(tmp_path / "exp"), "--draft_steps", "3"], tmp_path)  # fmt: skip
+    assert exported.returncode == 0, exported.stdout + exported.stderr[-2000:]
+    assert '"method": "dflash"' in (tmp_path / "exp" / "serve.sh").read_text()
     first = "dflash" if "zl-mini-dflash" in ranked[0] else "eagle3"
     assert f"It is a {first} drafter, each priced at its own method's cycle." in out

@@ -101,3 +101,13 @@ def test_a_hand_written_profiles_one_point_keeps_the_drafters_shape():
     assert points_of(block)[0].draft_shape == "block"
     # one pass at any width: the deepest width the acceptance reaches is the one to serve
     assert [c.k for c in depth_choices(block, [0.5, 0.5, 0.5], 3)] == [3]
+
+
+def test_serve_sh_serves_a_dflash_export_with_its_own_method_wherever_the_folder_ends_up(tmp_path):
+    from engines import export
+
+    mini = ROOT / "miniworld"
+    exported = export.write(mini / "zl-mini-dflash", tmp_path / "staging", "vllm", 3, mini / "k2.5-mini")
+    exported.folder = tmp_path / "not-yet-there"  # as export's serve.sh names the folder it is renamed to
+    script = export.serve_script(exported, Settings(k=3, max_new_tokens=1))
+    assert '"method": "dflash"' in script and '"num_speculative_tokens": 3' in script
