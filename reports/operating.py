@@ -27,7 +27,11 @@ def positions_or_fit(acc_pos: list[float] | None, accept_len: float, k: int) -> 
 
 
 def candidate_depths(profile: Profile, k: int) -> list[int]:
-    """Depths to choose among: those the calibration timed; a hand-written profile's cycle model at 1..k."""
+    """Depths to choose among: those the calibration timed; a hand-written profile's cycle model at 1..k. A block
+    drafter's only the width measured: a narrower block is another set of drafts (its masks attend each other), so
+    the acceptance by position of one width says nothing of another's, and none is extrapolated."""
+    if profile.draft_shape == "block":
+        return [k]
     timed = sorted({d for op in profile.operating_points for d, _ in op.cycle_ms_measured})
     return timed or list(range(1, k + 1))
 

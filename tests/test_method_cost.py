@@ -99,8 +99,9 @@ def test_a_hand_written_profiles_one_point_keeps_the_drafters_shape():
 
     block = load_profile("host").shaped("block")
     assert points_of(block)[0].draft_shape == "block"
-    # one pass at any width: the deepest width the acceptance reaches is the one to serve
-    assert [c.k for c in depth_choices(block, [0.5, 0.5, 0.5], 3)] == [3]
+    # a block's acceptance is measured at one width and says nothing of another's: only that width is offered
+    assert [c.k for c in depth_choices(block, [0.9, 0.1, 0.1], 3)] == [3]
+    assert [c.k for c in depth_choices(load_profile("host"), [0.9, 0.1, 0.1], 3)] == [1]  # a chain chooses
 
 
 def test_serve_sh_serves_a_dflash_export_with_its_own_method_wherever_the_folder_ends_up(tmp_path):
