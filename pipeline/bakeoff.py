@@ -249,8 +249,7 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
     be, pricing, methods = {}, {}, {}
     for cand in gated:
         _, folder = store.version_folder(f"models:/{cand.mv.name}/{cand.mv.version}")
-        method = folder_method_or_default(folder)  # read from its files, as its pricing is
-        methods[cand.label] = f"{method.NAME}, {method.SHAPE}"
+        methods[cand.label] = folder_method_or_default(folder)  # read from its files, as its pricing is
         shaped, priced, said = priced_for_folder(profile, folder)
         be[cand.label] = break_even_accept_len(priced.binding())
         pricing[f"- {cand.label}: {said}" if priced is not shaped else said] = None  # "not priced" said once
@@ -264,9 +263,8 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
     flags = {cand.label: cand.flag for cand in gated if cand.flag}
     winner = next((label for label in ranking.order if label not in flags), None)  # a flagged one never is
     verdict = report.verdict(ranking, figures, be, profile.name, incumbent, flags)
-    if len({m.split(",")[0] for m in methods.values()}) > 1 and ranking.order:  # the answer names its method
-        first = ranking.order[0]
-        verdict += f" It is a {methods[first].split(',')[0]} drafter, each priced at its own method's cycle."
+    if len({m.NAME for m in methods.values()}) > 1 and ranking.order:  # the answer names its method
+        verdict += f" It is a {methods[ranking.order[0]].NAME} drafter, each priced at its own method's cycle."
     if flipped:
         verdict += " " + " ".join(flipped)
     code, final, promotion = 0, "ranked; nothing promoted (no --promote)", ""
@@ -285,8 +283,13 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
         final = promotion
         verdict += f" {promotion[0].upper()}{promotion[1:]}."
     floor, share = profile.class_floor, profile.min_share
-    who = "\n".join(f"- {cand.label}: {cand.arg} ({methods[cand.label]})" + (" (production's holder)"
-                    if cand.incumbent else "") for cand in gated)  # fmt: skip
+
+    def named(cand: Candidate) -> str:
+        method = methods[cand.label]
+        holder = " (production's holder)" if cand.incumbent else ""
+        return f"- {cand.label}: {cand.arg} ({method.NAME}, {method.SHAPE}){holder}"
+
+    who = "\n".join(named(cand) for cand in gated)
     left_out = [f"- {cand.arg}: shape gate {cand.gate}" for cand in request.candidates if cand not in gated]
     run = mlflow.active_run().info
     link = compare_runs_link(c, [cand.record.run_id for cand in gated])

@@ -20,13 +20,11 @@ def break_even_accept_len(profile: Profile) -> float:
 
 def method_cycle_ms(profile: Profile, k: int, passes: int) -> float:
     """One cycle at k drafts whose drafter runs `passes` times. A chain's (passes == k) is the profile's own, timed
-    where k was timed; a block's (one pass) is the fit's verify plus that pass (Profile.shaped), never a chain's
-    timed point (those hold k passes). On a profile whose whole cycle sits in verify_ms (draft_step_ms 0),
-    drafting is free to every method alike, which favours none."""
+    where k was timed; any other (a block's: one pass, as Profile.shaped prices it) is the fit's verify plus its
+    passes, never a chain's timed point (those hold k passes). On a profile whose whole cycle sits in verify_ms
+    (draft_step_ms 0), drafting is free to every method alike, which favours none."""
     if passes == k:
         return profile.with_draft_steps(k).cycle_ms
-    if passes == 1:
-        return profile.shaped("block").with_draft_steps(k).cycle_ms
     return profile.verify_ms + passes * profile.draft_step_ms
 
 

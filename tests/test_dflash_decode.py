@@ -83,7 +83,7 @@ def test_the_objective_labels_reply_tokens_inside_the_sample_and_decays_by_posit
     batch = Batch(input_ids=torch.arange(16)[None], attention_mask=torch.tensor([[True] * 12 + [False] * 4]),
                   loss_mask=mask, aux_hidden=torch.zeros(1, 16, 6), last_hidden=torch.zeros(1, 16, 2),
                   target_token=torch.arange(1, 17)[None])  # fmt: skip
-    anchors = sample_anchors(batch, 20, 4, torch.Generator().manual_seed(0))
+    anchors = sample_anchors(batch, 20, torch.Generator().manual_seed(0))
     drawn = [a for a in anchors[0].tolist() if a >= 0]
     assert drawn == list(range(5, 11))  # a + 1 a reply token, a + 1 inside the 12 real positions
     # teacher-forced acceptance: a draft counts only when every one before it did

@@ -1,10 +1,11 @@
 """Draft methods, one module each (one registration line each): EAGLE-3, the project's own format and the
 default, and the others, found by their config.
 
-Every method module gives `NAME`, `VLLM_METHOD` (the engine's name for it), `SHAPE` (chain or block) and
-`drafter_passes(k)` (what its cycle costs in drafter passes). The others also give `detect(raw config) -> bool`,
-a config reader (`from_dict`, every field checked), `rules(...)` (the gate's contract against a target) and
-`load`/`save` (their makers' layout). EAGLE-3 is read by drafter/formats and gated by drafter/analysis/compat.
+Every method module gives `NAME`, `VLLM_METHOD` (the engine's name for it), `SHAPE` (chain or block),
+`drafter_passes(k)` (what its cycle costs in drafter passes), `fit_checks` (the gate's checks against a target),
+`check_width`, `load` and `offline_stats`. The others also give `detect(raw config) -> bool`, `read_config` (every
+field checked), `checked_header`, `pass_parameters`, `save` and `export_for` (their makers' layout). EAGLE-3 is
+read by drafter/formats and gated by drafter/analysis/compat.
 """
 
 from __future__ import annotations

@@ -58,6 +58,17 @@ def read_config(raw: Any, where: str = "config.json") -> DFlashConfig:
     return DFlashConfig.from_dict(raw, where)
 
 
+def folder_config(folder: str | Path) -> DFlashConfig:
+    """A folder's config.json, read and checked."""
+    where = Path(folder) / "config.json"
+    return read_config(json.loads(where.read_text()), str(where))
+
+
+def _require_width(c: DFlashConfig, k: int, what: str) -> None:
+    if not 1 <= k < c.block_size:
+        raise BadInput(f"{what} {k}: a DFlash drafter with block size {c.block_size} drafts 1..{c.block_size - 1}")
+
+
 def expected_tensors(c: DFlashConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor the layout holds and its shape: 11 per layer, `fc`, `hidden_norm` and `norm`."""
     h, inter = c.hidden_size, c.intermediate_size
@@ -156,7 +167,7 @@ def fit_checks(folder: Path, target: str | Path) -> list[Check]:
     from drafter.formats.checkpoint import read_header
 
     folder = Path(folder)
-    cfg = read_config(json.loads((folder / "config.json").read_text()), str(folder / "config.json"))
+    cfg = folder_config(folder)
     has_weights = any(folder.glob("*.safetensors")) or (folder / "model.safetensors.index.json").is_file()
     header = {n: tuple(i.shape) for n, i in read_header(folder).items()} if has_weights else None
     t = target_facts(target).config
@@ -165,9 +176,7 @@ def fit_checks(folder: Path, target: str | Path) -> list[Check]:
 
 def check_width(folder: Path, k: int, what: str) -> None:
     """k drafts fit in one block (the bonus token takes its first position)."""
-    c = read_config(json.loads((Path(folder) / "config.json").read_text()), str(Path(folder) / "config.json"))
-    if not 1 <= k < c.block_size:
-        raise BadInput(f"{what} {k}: a DFlash drafter with block size {c.block_size} drafts 1..{c.block_size - 1}")
+    _require_width(folder_config(folder), k, what)
 
 
 def offline_stats(model: Any, dataset: Any, k: int) -> tuple[float, list[float]]:
@@ -183,10 +192,15 @@ def offline_stats(model: Any, dataset: Any, k: int) -> tuple[float, list[float]]
 def checked_header(folder: str | Path) -> dict[str, Any]:
     """The weights' header, every tensor of the layout at its config's shape and nothing else (an embedding or head
     of its own included: the target's are borrowed): bad input naming the tensor otherwise. No weights are read."""
+    return _checked(folder)[1]
+
+
+def _checked(folder: str | Path) -> tuple[DFlashConfig, dict[str, Any]]:
+    """(config, header), the header held to the config's layout (checked_header)."""
     from drafter.formats.checkpoint import read_header
 
     folder = Path(folder)
-    c = read_config(json.loads((folder / "config.json").read_text()), str(folder / "config.json"))
+    c = folder_config(folder)
     header = read_header(folder)
     want = expected_tensors(c)
     for name, shape in want.items():
@@ -197,7 +211,7 @@ def checked_header(folder: str | Path) -> dict[str, Any]:
     extra = sorted(set(header) - set(want))
     if extra:
         raise BadInput(f"{folder}: tensors not in a DFlash drafter: {', '.join(extra[:5])}")
-    return header
+    return c, header
 
 
 def load(folder: str | Path, dtype: Any, embedding: Any, lm_head: Any) -> Any:
@@ -210,8 +224,7 @@ def load(folder: str | Path, dtype: Any, embedding: Any, lm_head: Any) -> Any:
     from drafter.model.eagle3 import Rotary
 
     folder = Path(folder)
-    c = read_config(json.loads((folder / "config.json").read_text()), str(folder / "config.json"))
-    header = checked_header(folder)
+    c, header = _checked(folder)
     want = expected_tensors(c)
     model = DFlashDrafter(c, embedding.detach().to(dtype), lm_head.detach().to(dtype)).to(dtype)
     model.rotary = Rotary(c.head_dim, c.rope, c.max_position_embeddings)  # angles in float32 at any dtype
@@ -239,11 +252,9 @@ def export_for(src: Path, out: Path, engine: str, k: int) -> dict[str, Any]:
 
     if engine != "vllm":
         raise BadInput(f"{src}: a DFlash drafter is exported for vllm only ({engine} is not built for it yet)")
-    where = src / "config.json"
-    raw = json.loads(where.read_text())
-    c = DFlashConfig.from_dict(raw, str(where))
-    if not 1 <= k < c.block_size:
-        raise BadInput(f"--k {k}: a DFlash drafter with block size {c.block_size} drafts 1..{c.block_size - 1}")
+    c = folder_config(src)
+    _require_width(c, k, "--k")
+    raw = json.loads((src / "config.json").read_text())
     out.mkdir(parents=True, exist_ok=True)
     for name in sorted(p.name for p in src.iterdir() if p.suffix == ".safetensors" or p.name.endswith(".index.json")):
         shutil.copyfile(src / name, out / name)

@@ -68,7 +68,7 @@ def train_block(
         batch = collate([dataset[i] for i in batch_indices(indices, cfg.batch_size, cfg.seed, step)], cfg.max_len)
         for group in opt.param_groups:
             group["lr"] = _lr(step, cfg)
-        res = block_forward(model, batch, sample_anchors(batch, cfg.anchors, model.block_size, gen), cfg.gamma)
+        res = block_forward(model, batch, sample_anchors(batch, cfg.anchors, gen), cfg.gamma)
         opt.zero_grad(set_to_none=True)
         res.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -88,7 +88,7 @@ def block_stats(
     gen = torch.Generator().manual_seed(seed)
     correct, valid = [], []
     for batch in iterate_batches(dataset, indices, 8, shuffle=False):
-        res = block_forward(model, batch, sample_anchors(batch, anchors, model.block_size, gen))
+        res = block_forward(model, batch, sample_anchors(batch, anchors, gen))
         correct.append(res.correct)
         valid.append(res.valid)
     return block_acceptance(torch.cat(correct), torch.cat(valid), k)

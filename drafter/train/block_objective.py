@@ -21,9 +21,9 @@ from drafter.model.dflash import DFlashDrafter
 GAMMA = 7.0
 
 
-def sample_anchors(batch: Batch, per_row: int, block: int, generator: torch.Generator) -> torch.Tensor:
+def sample_anchors(batch: Batch, per_row: int, generator: torch.Generator) -> torch.Tensor:
     """[B, per_row] anchor positions (-1: none): a >= 1 with a reply token at a + 1, drawn without replacement."""
-    b, t = batch.input_ids.shape
+    b = batch.input_ids.shape[0]
     out = torch.full((b, per_row), -1, dtype=torch.long)
     for row in range(b):
         n = int(batch.attention_mask[row].sum())
