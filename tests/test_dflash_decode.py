@@ -110,3 +110,55 @@ def test_the_layout_round_trips_and_gates_against_k25_mini_with_its_weights(pair
     (bad / "config.json").write_text(json.dumps(raw))
     done = run_step("shape_gate", ["--model", str(bad), "--target", str(K25)], tmp_path, here=True)
     assert done.returncode == 1 and "target layer ids" in done.stdout
+
+
+def _broken(tmp_path: Path, how: str) -> Path:
+    """zl-mini-dflash copied and broken one way: weights of its own it must borrow, NaN weights, a missing tensor,
+    a config field of the wrong kind, a block too small to draft."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / how
+    shutil.copytree(MINI, folder)
+    state = load_file(str(folder / "model.safetensors"))
+    raw = json.loads((folder / "config.json").read_text())
+    if how == "own-embedding":
+        state["embed_tokens.weight"] = torch.zeros(raw["vocab_size"], raw["hidden_size"])
+    elif how == "nan":
+        state["norm.weight"] = torch.full_like(state["norm.weight"], float("nan"))
+    elif how == "missing":
+        del state["fc.weight"]
+    elif how == "ids":
+        raw["dflash_config"]["target_layer_ids"] = "x"
+    elif how == "block":
+        raw["block_size"] = 1
+    save_file(state, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(raw))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("how", "said"),
+    [
+        ("own-embedding", "tensors not in a DFlash drafter: embed_tokens.weight"),
+        ("missing", "tensor fc.weight is missing"),
+        ("ids", "'dflash_config.target_layer_ids' is not a non-empty list"),
+        ("block", "'block_size' is 1"),
+    ],
+)
+def test_a_broken_dflash_folder_is_refused_in_one_line_and_registers_nothing(tmp_path, how, said):
+    from mlflow import MlflowClient
+
+    from tests.helpers.checks import one_line_exit_2
+
+    folder = _broken(tmp_path, how)
+    res = run_step("import_drafter", ["--source", str(folder), "--target", str(K25)], tmp_path, here=True)
+    one_line_exit_2(res, said)
+    assert MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").search_registered_models() == []
+
+
+def test_nan_weights_are_refused_before_a_dflash_drafter_drafts(pair, tmp_path):
+    from common.errors import BadInput
+
+    target, _ = pair
+    with pytest.raises(BadInput, match="NaN/Inf"):
+        dflash.load(_broken(tmp_path, "nan"), torch.float32, target.embedding_weight, target.lm_head_weight)
