@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker of two on two cores: one t
 from bench.sparse import k2_vocab_maps, write_sparse_safetensors
 from tests.helpers.drafters import REFERENCE, k2_drafter_tensors, tiny_drafter
 from tests.helpers.main_job import SmallMainJob, main_command
-from tests.helpers.steps import ZYGOTE
+from tests.helpers.steps import ZYGOTE, step_env
 from tests.helpers.targets import write_tiny_targets
 
 
@@ -85,6 +86,25 @@ def evidence_key_home(tmp_path_factory):
 def tiny_targets(tmp_path_factory):
     """A flat DeepSeek-V3 target and the same weights saved Kimi-K2.5-style, with a tokenizer."""
     return write_tiny_targets(tmp_path_factory.mktemp("targets"))
+
+
+@pytest.fixture(scope="session")
+def trained_tiny(tiny_targets, tmp_path_factory) -> Path:
+    """Tiny drafters trained on the tiny target (tests/helpers/trained.py): built once a session by the first
+    worker that needs them, in a folder keyed by the target's digest; the others wait and read them."""
+    from filelock import FileLock
+
+    from drafter.analysis.fingerprint import target_digest
+
+    _, wrapped = tiny_targets
+    folder = shared_folder(tmp_path_factory, f"trained-tiny-{target_digest(wrapped)[:12]}")
+    with FileLock(f"{folder}.lock"):
+        if not (folder / "done").exists():
+            cmd = [sys.executable, "-m", "tests.helpers.trained", "--target", str(wrapped), "--out", str(folder)]
+            res = subprocess.run(cmd, cwd=folder, env=step_env(folder), capture_output=True, text=True, timeout=900)
+            assert res.returncode == 0, res.stderr[-3000:]
+            (folder / "done").write_text("")
+    return folder
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -66,15 +66,15 @@ def _forge(tmp: Path, version: str, target: Path, sign_with=None, per_prompt=Non
 
 
 @pytest.fixture(scope="module")
-def store(tiny_targets, tmp_path_factory):
-    """Two registered, gated tiny drafters and profiles that pin many.jsonl (lenient: break-even 0.3,
+def store(tiny_targets, trained_tiny, tmp_path_factory):
+    """Two registered, gated tiny drafters and profiles that pin many.jsonl (lenient: break-even 1.002,
     so an honest evaluation is the positive control; sampled: the same at temperature 0.8)."""
     tmp = tmp_path_factory.mktemp("attacks")
     _, wrapped = tiny_targets
     write_profiles(tmp, wrapped)
     lenient = (tmp / "lenient.yaml").read_text()
     (tmp / "sampled.yaml").write_text(lenient.replace("lenient", "sampled") + "eval_temperature: 0.8\n")
-    register_gated(tmp, wrapped, (1, 2))
+    register_gated(tmp, wrapped, trained_tiny, (1, 2))
     return tmp, wrapped
 
 
@@ -115,8 +115,9 @@ def test_chosen_forged_and_impossible_records_are_refused_then_the_honest_one_pr
 
 def test_stale_and_edited_records_are_refused_until_a_newer_evaluation(store):
     """v1: promoted on its honest record; config.json replaced through the API after that evaluation
-    (refused, naming the file and the run); re-evaluated (the new files measured, not a cached copy);
-    its record then edited on disk (refused: bad signature); re-evaluated again (promoted)."""
+    (refused, naming the file and the run); re-evaluated (the new files measured, not a cached copy: it accepts
+    less and the rule refuses it); the original config put back and re-evaluated (promoted); its record then
+    edited on disk (refused: bad signature); re-evaluated again (promoted)."""
     from registry.ledger.evidence.record import EVIDENCE_FILE
 
     tmp, target = store
@@ -134,6 +135,10 @@ def test_stale_and_edited_records_are_refused_until_a_newer_evaluation(store):
     _refused(_promote(tmp, "1"), f"config.json changed after evaluation run {run_id}")
     second = _evaluate(tmp, "1", "lenient.yaml", target=target)
     assert first.stdout != second.stdout  # the changed config was measured, not a stale copy
+    _refused(_promote(tmp, "1"), "| beats break-even | NO |")
+    (tmp / "swap" / "config.json").write_text(json.dumps(config))
+    c.log_model_artifact(model_id, str(tmp / "swap" / "config.json"))
+    _evaluate(tmp, "1", "lenient.yaml", target=target)
     assert _promote(tmp, "1").returncode == 0
     latest = c.get_model_version(NAME, "1").tags["eval.lenient.run"]
     record = Path(c.get_run(latest).info.artifact_uri.removeprefix("file://")) / EVIDENCE_FILE
@@ -202,7 +207,7 @@ def short_workload(kimi) -> str:
 @pytest.fixture(scope="module")
 def candidate_store(small_main_job, tmp_path_factory):
     """A copy of the fast tier's main job's store (its fine-tuned candidate, trained on k2.5-train), with profiles
-    whose break-even (0.3) it beats: one pinned to the workload, one pinned to its own training prompts."""
+    whose break-even (1.002) it beats: one pinned to the workload, one pinned to its own training prompts."""
     from common.prompt_files import file_digest
     from serving.profile import load_profile
 
@@ -212,7 +217,7 @@ def candidate_store(small_main_job, tmp_path_factory):
     shutil.copy(src / "mlflow.db", tmp / "mlflow.db")  # artifact locations in it are absolute: shared, read-only here
     kimi = load_profile("kimi-k2.5-8xrtxpro6000")
     classes = short_workload(kimi)
-    head = "baseline_tps: 10\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\neval_max_new_tokens: 16\n"
+    head = "baseline_tps: 33.4\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\neval_max_new_tokens: 16\n"
     head += f"target: {kimi.target}\n"
     (tmp / "mix.yaml").write_text("name: mix\n" + head + "workload:\n" + classes)
     train = Path(kimi.workload[0].prompts).parent / "k2.5-train.jsonl"
@@ -336,7 +341,7 @@ if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-v", "-p", "no:cacheprovider"]))
 
 
-def test_evidence_counts_on_the_profiles_target_whatever_the_models_tag_says(store):
+def test_evidence_counts_on_the_profiles_target_whatever_the_models_tag_says(store, trained_tiny):
     """K2.5 and its successor share every shape, so only the weights tell them apart: a record measured on a
     same-shapes target with other weights does not count for a profile on the original, and retagging the
     registered model's `target` changes nothing; a profile that names the other target takes that record."""
@@ -347,7 +352,7 @@ def test_evidence_counts_on_the_profiles_target_whatever_the_models_tag_says(sto
     c = _client(tmp)
     other = same_shapes_other_weights(target, tmp / "k25-tiny-next")
     assert target_digest(other) != target_digest(target)
-    register_gated(tmp, target, (3,))  # v3: evaluated on nothing else, so only the record below can decide
+    register_gated(tmp, target, trained_tiny, (3,))  # v3: evaluated on nothing else: only the record below decides
     res = _evaluate(tmp, "3", "lenient.yaml", target=other)
     assert "is not lenient's deployment target" in res.stdout
     _refused(_promote(tmp, "3"), "measured on another target")
@@ -357,6 +362,21 @@ def test_evidence_counts_on_the_profiles_target_whatever_the_models_tag_says(sto
     (tmp / "next.yaml").write_text((tmp / "lenient.yaml").read_text().replace(f"target: {target}", f"target: {other}"))
     res = _promote(tmp, "3", "next.yaml")
     assert res.returncode == 0, res.stdout[-2000:]
+
+
+def test_a_hand_written_profile_at_break_even_at_or_below_one_is_no_evidence(store):
+    """A hand-written profile at 20 tok/s and a 30 ms cycle (break-even 0.600) would pass a drafter that accepts
+    nothing once production is empty: promote refuses it with the reason, to staging and production alike; the
+    same profile at 33.4 tok/s (break-even 1.002) is the positive control."""
+    tmp, target = store
+    low = (tmp / "lenient.yaml").read_text().replace("name: lenient", "name: low").replace("33.4", "20")
+    (tmp / "low.yaml").write_text(low)
+    _evaluate(tmp, "1", "low.yaml", target=target)
+    for stage in ("staging", "production"):
+        res = _promote(tmp, "1", "low.yaml", stage)
+        _refused(res, "profile low: a speculative cycle written as no dearer than plain decoding (break-even 0.600")
+        assert "fix baseline_tps or the cycle's timings" in res.stdout
+    assert _client(tmp).get_registered_model(NAME).aliases.get("production") != "1"
 
 
 def test_recertify_rechecks_production_when_the_target_moves_and_demotes_by_the_rule(small_main_job, tmp_path):
@@ -377,9 +397,9 @@ def test_recertify_rechecks_production_when_the_target_moves_and_demotes_by_the_
     kimi = load_profile("kimi-k2.5-8xrtxpro6000")
     classes = short_workload(kimi)
     mini = Path(kimi.target)
-    other = same_shapes_other_weights(mini, tmp_path / "k2.5-mini-next")
+    other = same_shapes_other_weights(mini, tmp_path / "k2.5-mini-next", scale=0.15)  # its fine-tune, say
 
-    def profile(file: str, target: Path, baseline_tps: float = 10) -> str:
+    def profile(file: str, target: Path, baseline_tps: float = 33.4) -> str:
         head = f"name: mix\nbaseline_tps: {baseline_tps}\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\n"
         (tmp_path / file).write_text(head + f"eval_max_new_tokens: 16\ntarget: {target}\nworkload:\n{classes}")
         return str(tmp_path / file)

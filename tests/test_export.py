@@ -122,12 +122,12 @@ def test_project_names_inside_a_speculators_folder_are_refused(tmp_path):
 
 # ------------------------------------------------------------------------ the registry side (steps)
 @pytest.fixture(scope="module")
-def promoted(tiny_targets, tmp_path_factory):
+def promoted(tiny_targets, trained_tiny, tmp_path_factory):
     """v1 evaluated on a lenient profile and promoted to staging; v2 gated but holding no serving alias."""
     tmp = tmp_path_factory.mktemp("export")
     _, wrapped = tiny_targets
     write_profiles(tmp, wrapped)
-    register_gated(tmp, wrapped, (1, 2))
+    register_gated(tmp, wrapped, trained_tiny, (1, 2))
     evaluate(tmp, "models:/k25-tiny-eagle3/1", wrapped, tmp / "lenient.yaml")
     done = run_step("promote", ["--model", "models:/k25-tiny-eagle3/1", "--profile", str(tmp / "lenient.yaml"),
                                 "--stage", "staging"], tmp)  # fmt: skip

@@ -2,6 +2,7 @@
 alias set by a plain MlflowClient call, keeps one set by `promote`, and refuses a forged delivery."""
 
 import json
+import shutil
 import time
 import urllib.error
 import urllib.request
@@ -11,9 +12,10 @@ import mlflow
 import pytest
 
 from registry.ledger import guard
-from tests.helpers.drafters import tiny_drafter
 from tests.helpers.guard import SECRET, guarded_server, wait_for
+from tests.helpers.promotion import write_profiles
 from tests.helpers.steps import run_module
+from tests.helpers.trained import drafter_folder
 
 
 def test_signature_rules():
@@ -34,17 +36,10 @@ def test_signature_rules():
 
 
 @pytest.mark.full
-def test_unsanctioned_alias_moves_are_reverted(tiny_targets, tmp_path):
-    from drafter.formats.checkpoint import save_drafter
-
+def test_unsanctioned_alias_moves_are_reverted(tiny_targets, trained_tiny, tmp_path):
     _, wrapped = tiny_targets
-    vocab = json.loads((wrapped / "config.json").read_text())["text_config"]["vocab_size"]
     for seed in (1, 2):
-        save_drafter(
-            tiny_drafter(seed=seed, vocab_size=vocab, draft_vocab_size=128, aux_layer_ids=[0, 1, 2]),
-            tmp_path / f"d{seed}",
-            include_embedding=False,
-        )
+        shutil.copytree(drafter_folder(trained_tiny, seed), tmp_path / f"d{seed}")
     with guarded_server(tmp_path) as guarded:
         url, port, env = guarded.url, guarded.port, guarded.env
 
@@ -74,14 +69,7 @@ def test_unsanctioned_alias_moves_are_reverted(tiny_targets, tmp_path):
         assert wait_for(lambda: bool(reverts())), "the revert was not audited"
         assert reverts()[0].data.tags["attempted"] == "1"
         # 2. promote's move stays
-        from common.prompt_files import file_digest
-
-        (tmp_path / "p.jsonl").write_text('{"text": "The quick brown fox"}\n')
-        (tmp_path / "lenient.yaml").write_text(
-            "name: lenient\nbaseline_tps: 10\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\nmin_prompts: 1\n"
-            f"eval_prompts: p.jsonl\neval_prompts_sha256: {file_digest(tmp_path / 'p.jsonl')}\n"
-            f"eval_max_new_tokens: 6\ntarget: {wrapped}\n"
-        )
+        write_profiles(tmp_path, wrapped)
         uri = f"models:/{name}/2"
         assert run_step("shape_gate", ["--model", uri, "--target", str(wrapped)], tmp_path).returncode == 0
         ev = ["--model", uri, "--target", str(wrapped)]
@@ -152,27 +140,15 @@ NAME = "k25-tiny-eagle3"
 
 
 @pytest.fixture
-def promoted(tiny_targets, tmp_path):
+def promoted(tiny_targets, trained_tiny, tmp_path):
     """A SQLite store (no server, no guard): v1 then v2 promoted to production by `promote`, each on its
-    honest evaluation on a pinned prompt; v3 imported, never evaluated."""
-    from common.prompt_files import file_digest
-    from drafter.formats.checkpoint import save_drafter
+    honest evaluation on the pinned prompts; v3 imported, never evaluated."""
     from tests.helpers.steps import run_step
 
     _, wrapped = tiny_targets
-    vocab = json.loads((wrapped / "config.json").read_text())["text_config"]["vocab_size"]
-    (tmp_path / "p.jsonl").write_text('{"text": "The quick brown fox"}\n')
-    (tmp_path / "lenient.yaml").write_text(
-        "name: lenient\nbaseline_tps: 10\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\nmin_prompts: 1\n"
-        f"eval_prompts: p.jsonl\neval_prompts_sha256: {file_digest(tmp_path / 'p.jsonl')}\neval_max_new_tokens: 6\n"
-        f"target: {wrapped}\n"
-    )
+    write_profiles(tmp_path, wrapped)
     for seed in (1, 2, 3):
-        save_drafter(
-            tiny_drafter(seed=seed, vocab_size=vocab, draft_vocab_size=128, aux_layer_ids=[0, 1, 2]),
-            tmp_path / f"d{seed}",
-            include_embedding=False,
-        )
+        shutil.copytree(drafter_folder(trained_tiny, seed), tmp_path / f"d{seed}")
         assert run_step("import_drafter", ["--source", str(tmp_path / f"d{seed}"), "--target", str(wrapped)],
                         tmp_path, here=True).returncode == 0  # fmt: skip
     for v in ("1", "2"):
@@ -353,15 +329,17 @@ def test_the_chain_holds_against_a_flood_an_edited_tag_an_overwrite_and_deletion
     assert str(c.get_registered_model(NAME).aliases["production"]) == "2"
     # every sanctioned version deleted: production is cleared and the loss audited, once
     c.delete_model_version(NAME, "2")
+    last = "2"  # the last sanctioned version deleted (v1 when it was never promoted over v2 above)
     if "1" in {str(v.version) for v in c.search_model_versions(f"name='{NAME}'")}:
         assert any("back from nothing to v1" in a for a in reconcile(c))
         c.delete_model_version(NAME, "1")
+        last = "1"
     done = reconcile(c)
-    assert any("sanctioned v2 of `production` no longer exists" in a for a in done), done
+    assert any(f"sanctioned v{last} of `production` no longer exists" in a for a in done), done
     assert "production" not in c.get_registered_model(NAME).aliases
     assert reconcile(c) == []
     lines = c.search_runs([audit], filter_string="tags.decision = 'guard:finding:production'")
-    assert any("v2 of `production` no longer exists" in r.data.tags["reason"] for r in lines)
+    assert any(f"v{last} of `production` no longer exists" in r.data.tags["reason"] for r in lines)
 
 
 def live(c) -> str | None:
@@ -416,7 +394,7 @@ def test_one_overwritten_old_sanction_never_disables_the_guard(promoted):
 
 
 @pytest.mark.full
-def test_two_promotes_at_once_on_a_shared_server_keep_the_chain_linear(tiny_targets, tmp_path):
+def test_two_promotes_at_once_on_a_shared_server_keep_the_chain_linear(tiny_targets, trained_tiny, tmp_path):
     """A live `mlflow server` (the multi-user setup the docs recommend), 20 rounds: production is set to junk v2 by a
     signed sanction, then v1 (better) and v3 (junk) are promoted by two processes at once, both having judged
     against v2 before either writes (a failpoint makes them meet there). Every round exactly one decision is taken
@@ -425,7 +403,7 @@ def test_two_promotes_at_once_on_a_shared_server_keep_the_chain_linear(tiny_targ
     from registry.ledger import audit, succession
     from registry.ledger.sanction import holder, links
     from tests.helpers.evidence import forge_record
-    from tests.helpers.promotion import register_gated, write_profiles
+    from tests.helpers.promotion import register_gated
     from tests.helpers.servers import mlflow_server
     from tests.helpers.steps import run_modules_together, step_env
 
@@ -435,9 +413,9 @@ def test_two_promotes_at_once_on_a_shared_server_keep_the_chain_linear(tiny_targ
     backend, artifacts = f"sqlite:///{tmp_path}/server.db", str(tmp_path / "art")
     with mlflow_server(tmp_path, backend, "--default-artifact-root", artifacts) as url:
         env = step_env(tmp_path, MLFLOW_TRACKING_URI=url)
-        register_gated(tmp_path, wrapped, (1, 2, 3), url)
+        register_gated(tmp_path, wrapped, trained_tiny, (1, 2, 3), url)
         c = mlflow.MlflowClient(url)
-        for version, tokens in (("1", 2), ("2", 1), ("3", 1)):  # v1 better than v2 and v3 (trusted records)
+        for version, tokens in (("1", 3), ("2", 2), ("3", 2)):  # v1 better than v2 and v3 (trusted records)
             forge_record(c, NAME, version, tmp_path / "lenient.yaml", lambda _c, k, n=tokens: [(n, 1)] * len(k))
 
         def promote(version: str, *extra: str) -> list[str]:
@@ -458,7 +436,7 @@ def test_two_promotes_at_once_on_a_shared_server_keep_the_chain_linear(tiny_targ
             assert len(again) == 1, (good.stdout[-2000:], junk.stdout[-2000:])
             first, second = (junk, good) if again[0] is good else (good, junk)
             won = "1" if first is good else "3"
-            assert first.returncode == 0 and "vs production v2 1.000" in first.stdout, first.stdout[-2000:]
+            assert first.returncode == 0 and "vs production v2 2.000" in first.stdout, first.stdout[-2000:]
             assert f"vs production v{won} " in second.stdout, second.stdout[-2000:]  # the second saw the first's result
             assert second.returncode == (1 if won == "1" else 0), second.stdout[-2000:]
             chain = [record for _, record in links(c, NAME, "production").values()]

@@ -12,7 +12,7 @@ from tests.helpers.stores import project_runs
 
 
 def test_main_at_its_smallest_settings_trains_evaluates_and_promotes(small_main_job):
-    """One trial of 8 steps, evidence on 8 pinned prompts at break-even 0.3: every step runs, three
+    """One trial of 8 steps, evidence on 8 pinned prompts at break-even 1.002: every step runs, three
     drafters are registered and evaluated on the pinned set, and the candidate, above break-even on
     that evidence, is promoted to production (exit 0: the rule said yes); the bake-off imports the family
     drafters under their own names and ranks all six."""
@@ -26,7 +26,7 @@ def test_main_at_its_smallest_settings_trains_evaluates_and_promotes(small_main_
     assert production.version == candidate.version
     tags = c.get_model_version(name, candidate.version).tags
     assert tags["promotion"].startswith("promoted"), tags["promotion"]
-    assert float(tags["eval.small.accept_len_ci_low"]) > float(tags["eval.small.break_even"]) == pytest.approx(0.3)
+    assert float(tags["eval.small.accept_len_ci_low"]) > float(tags["eval.small.break_even"]) == pytest.approx(1.002)
     steps = [r.data.tags["drafterops.step"] for r in project_runs(c) if "drafterops.step" in r.data.tags]
     # the chain's own steps, then the bake-off: three family drafters imported, gated and evaluated (the
     # chain's three evaluations reused), each gate run once more by compare against the profile's target

@@ -6,6 +6,7 @@ import pytest
 from registry.ledger.policy import Evidence, decide
 from tests.helpers.promotion import evaluate, register_gated, write_profiles
 from tests.helpers.steps import run_step
+from tests.helpers.trained import drafter_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,13 +49,13 @@ def test_margin_and_staging_rules():
 
 
 @pytest.fixture(scope="module")
-def evaluated(tiny_targets, tmp_path_factory):
+def evaluated(tiny_targets, trained_tiny, tmp_path_factory):
     """Two registered tiny drafters, gated; v1 really evaluated on 20 prompts under the seed profile and
     under a lenient one whose break-even any drafter beats (the positive control)."""
     tmp = tmp_path_factory.mktemp("promote")
     _, wrapped = tiny_targets
     write_profiles(tmp, wrapped)
-    register_gated(tmp, wrapped, (1, 2))
+    register_gated(tmp, wrapped, trained_tiny, (1, 2))
     for profile in ("strict.yaml", "lenient.yaml"):
         evaluate(tmp, "models:/k25-tiny-eagle3/1", wrapped, tmp / profile)
     return tmp
@@ -245,14 +246,16 @@ def test_evidence_matching_is_by_values_not_names(tmp_path):
     ]
 
 
-def test_a_drafter_whose_steps_cost_more_than_the_timed_ones_is_held_to_its_own_break_even(evaluated, tiny_targets):
+def test_a_drafter_whose_steps_cost_more_than_the_timed_ones_is_held_to_its_own_break_even(
+    evaluated, tiny_targets, trained_tiny
+):
     """A profile whose draft steps were timed with a drafter reading a hundredth of this one's parameters a
-    step: evaluate projects, and promote decides, at this drafter's own price (break-even 0.5 as written,
-    about 20 priced), read from the version's weights, not from anything the evaluation wrote."""
+    step: evaluate projects, and promote decides, at this drafter's own price (break-even 1.67 as written,
+    about 68 priced), read from the version's weights, not from anything the evaluation wrote."""
     from drafter.analysis.step_cost import folder_step_cost
 
     tmp, (_, wrapped) = evaluated, tiny_targets
-    step = folder_step_cost(tmp / "d1").per_step  # the files v1 was imported from
+    step = folder_step_cost(drafter_folder(trained_tiny, 1)).per_step  # the files v1 was imported from
     text = (tmp / "lenient.yaml").read_text().replace("name: lenient", "name: priced")
     text = text.replace("draft_step_ms: 0\n", f"draft_step_ms: 10\ndraft_step_params: {max(1, step // 100)}\n")
     (tmp / "priced.yaml").write_text(text)

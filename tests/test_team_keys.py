@@ -13,7 +13,7 @@ from tests.helpers.steps import run_module, step_env
 NAME = "k25-tiny-eagle3"
 
 
-def test_an_evaluator_signs_a_promoter_promotes_and_a_third_key_does_neither(tiny_targets, tmp_path):
+def test_an_evaluator_signs_a_promoter_promotes_and_a_third_key_does_neither(tiny_targets, trained_tiny, tmp_path):
     from registry.ledger.sanction import holder
     from registry.ledger.trust import load_trust
     from tests.helpers.stores import project_runs
@@ -27,7 +27,7 @@ def test_an_evaluator_signs_a_promoter_promotes_and_a_third_key_does_neither(tin
     trust = tmp_path / "trust.yaml"
     trust.write_text(f"trusted_evaluators:\n  ci: {public['ci']}\ntrusted_promoters:\n  alice: {public['alice']}\n")
     write_profiles(tmp_path, wrapped)
-    register_gated(tmp_path, wrapped, (1,))
+    register_gated(tmp_path, wrapped, trained_tiny, (1,))
     c = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     profile = str(tmp_path / "lenient.yaml")
 
@@ -63,7 +63,9 @@ def test_an_evaluator_signs_a_promoter_promotes_and_a_third_key_does_neither(tin
     assert held.version == "1" and not held.findings
 
 
-def test_rotation_end_to_end_never_clears_production_and_junk_is_refused_throughout(tiny_targets, tmp_path):
+def test_rotation_end_to_end_never_clears_production_and_junk_is_refused_throughout(
+    tiny_targets, trained_tiny, tmp_path
+):
     """Alice promotes v1; her key is retired (kept, with the time) and Bob's added; the guard reconciles and
     production stays; Bob promotes v2, better than v1, and the guard reconciles again. Throughout: junk v3 is
     compared with the holder and refused, Alice's retired key and a third key sign nothing, an ambiguous trust
@@ -86,7 +88,7 @@ def test_rotation_end_to_end_never_clears_production_and_junk_is_refused_through
     ci = f"trusted_evaluators:\n  ci: {key['ci'].public_text}\n"
     trust.write_text(ci + f"trusted_promoters:\n  alice: {key['alice'].public_text}\n")
     write_profiles(tmp_path, wrapped)
-    register_gated(tmp_path, wrapped, (1, 2, 3))
+    register_gated(tmp_path, wrapped, trained_tiny, (1, 2, 3))
     c = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     profile = tmp_path / "lenient.yaml"
     for version, tokens in (("1", 2), ("2", 3), ("3", 1)):  # ci's records: v2 better than v1, v3 junk

@@ -5,7 +5,7 @@ page, the promote run and a scale run, the model page's numbers those main print
 promotion, the version page shows production. Screenshots are the test run's artifacts: they go to
 $DRAFTEROPS_SCREENSHOTS when set, else test-artifacts/screenshots/ in the checkout."""
 
-import json
+import shutil
 import time
 from pathlib import Path
 
@@ -132,21 +132,16 @@ def step(name, args, cwd):
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
 
 
-def test_registered_model_page_shows_versions_alias_and_gate(tiny_targets, drafter_factory, tmp_path):
-    from drafter.formats.checkpoint import save_drafter
+def test_registered_model_page_shows_versions_alias_and_gate(tiny_targets, trained_tiny, tmp_path):
+    from tests.helpers.trained import drafter_folder
 
     _, wrapped = tiny_targets
-    vocab = json.loads((wrapped / "config.json").read_text())["text_config"]["vocab_size"]
-    save_drafter(
-        drafter_factory(vocab_size=vocab, draft_vocab_size=64, aux_layer_ids=[0, 1, 2]),
-        tmp_path / "d",
-        include_embedding=False,
-    )
+    shutil.copytree(drafter_folder(trained_tiny, 1), tmp_path / "d")  # it accepts enough to be promoted
     from common.prompt_files import file_digest
 
     prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS[:1])
     (tmp_path / "slow.yaml").write_text(
-        "name: slow\nbaseline_tps: 5\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\nmin_prompts: 1\n"
+        "name: slow\nbaseline_tps: 33.4\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\nmin_prompts: 1\n"
         f"eval_prompts: p.jsonl\neval_prompts_sha256: {file_digest(prompts)}\neval_max_new_tokens: 6\n"
         f"target: {wrapped}\n"
     )

@@ -16,9 +16,9 @@ from tests.helpers.watch import NAME, audit_lines, copy_store, metrics_endpoint,
 
 
 @pytest.fixture(scope="module")
-def promoted(tiny_targets, tmp_path_factory):
+def promoted(tiny_targets, trained_tiny, tmp_path_factory):
     _, wrapped = tiny_targets
-    return promote_for_watch(tmp_path_factory.mktemp("watch"), wrapped)
+    return promote_for_watch(tmp_path_factory.mktemp("watch"), wrapped, trained_tiny)
 
 
 def test_a_baseline_is_learnt_signed_and_quiet_through_a_restart_and_a_gap(promoted, tmp_path):

@@ -39,9 +39,9 @@ SERVED = ("target", "drafterops-0123456789abcdef")
 
 
 @pytest.fixture(scope="module")
-def promoted(tiny_targets, tmp_path_factory):
+def promoted(tiny_targets, trained_tiny, tmp_path_factory):
     _, wrapped = tiny_targets
-    return promote_for_watch(tmp_path_factory.mktemp("watch-attacks"), wrapped)
+    return promote_for_watch(tmp_path_factory.mktemp("watch-attacks"), wrapped, trained_tiny)
 
 
 def reasons(tmp: Path) -> str:
@@ -445,7 +445,7 @@ def test_a_deleted_audit_experiment_is_restored_and_the_watch_still_demotes(prom
     assert "had been deleted; restored" in res.stderr and production(tmp) is None
 
 
-def test_a_model_recreated_under_the_old_name_learns_its_own_baseline(promoted, tiny_targets, tmp_path):
+def test_a_model_recreated_under_the_old_name_learns_its_own_baseline(promoted, tiny_targets, trained_tiny, tmp_path):
     """The model deleted and registered again under its name, the same drafter promoted: its baseline is its
     own (on main it inherited the old model's, keyed by name, alias and version alone, and was demoted at
     interval 1 on traffic of its own)."""
@@ -461,7 +461,7 @@ def test_a_model_recreated_under_the_old_name_learns_its_own_baseline(promoted, 
     assert "watch: baseline accept_len" in first.stdout, first.stdout + first.stderr
     c = client(tmp)
     c.delete_registered_model(NAME)
-    register_gated(tmp, wrapped, (1,))
+    register_gated(tmp, wrapped, trained_tiny, (1,))
     evaluate(tmp, f"models:/{NAME}/1", wrapped, tmp / "lenient.yaml")
     res = run_step("promote", ["--model", f"models:/{NAME}/1", "--profile", str(tmp / "lenient.yaml")], tmp)
     assert res.returncode == 0 and holder(c, NAME, "production").version == "1", res.stdout[-2000:] + res.stderr

@@ -79,12 +79,14 @@ def deployment(profile: Profile) -> Deployment:
             else f"profile {profile.name}'s calibration recorded no target digest: recalibrate"
         )
     low = [(p.concurrency, be) for p in profile.serving_points() if (be := break_even_accept_len(p)) <= 1]
-    if claims and low:
+    if low:
         conc, be = low[0]
         refusal = (
-            f"profile {profile.name}: a speculative cycle timed no dearer than plain decoding "
-            f"(break-even {be:.3f} <= 1 at concurrency {conc}), which no real engine does: it would pass every "
-            "drafter, so it stands as no evidence; remeasure with more rounds"
+            f"profile {profile.name}: a speculative cycle "
+            + ("timed" if claims else "written as")
+            + f" no dearer than plain decoding (break-even {be:.3f} <= 1 at concurrency {conc}), which no real "
+            "engine does: it would pass a drafter that accepts nothing, so it stands as no evidence; "
+            + ("remeasure with more rounds" if claims else "fix baseline_tps or the cycle's timings")
         )
     return Deployment(target, digest, trust, calibrated, basis, refusal, _precision(profile, target, calibrated))
 

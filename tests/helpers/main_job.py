@@ -45,7 +45,7 @@ def small_profile(folder: Path) -> Path:
     prompts.write_text("".join(line + "\n" for line in lines))
     profile = folder / "small.yaml"
     profile.write_text(
-        "name: small\nbaseline_tps: 10\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\nmin_prompts: 8\n"
+        "name: small\nbaseline_tps: 33.4\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\nmin_prompts: 8\n"
         f"target: {ROOT / 'miniworld' / 'k2.5-mini'}\n"
         f"eval_prompts: {prompts.name}\neval_prompts_sha256: {file_digest(prompts)}\neval_max_new_tokens: 8\n"
     )

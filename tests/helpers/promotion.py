@@ -3,19 +3,19 @@ attack tests start from."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from tests.helpers.drafters import tiny_drafter
 from tests.helpers.prompts import PROMPTS, write_prompts
 from tests.helpers.steps import run_step
+from tests.helpers.trained import drafter_folder
 
 MANY = [
     {"text": f"Prompt {i}: " + PROMPTS[i % len(PROMPTS)].get("text", "def add(a, b): return a + b")} for i in range(20)
 ]
 PIN = "eval_prompts: many.jsonl\neval_prompts_sha256: {sha}\neval_max_new_tokens: 8\ntarget: {target}\n"
-LENIENT = "name: lenient\nbaseline_tps: 10\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\n" + PIN  # break-even 0.3
-STRICT = "name: strict\nbaseline_tps: 82\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\n" + PIN  # the seed's 2.46
+# lenient: break-even 1.002, just above 1 as the rule requires; strict: the seed's 2.46
+LENIENT = "name: lenient\nbaseline_tps: 33.4\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\n" + PIN
+STRICT = "name: strict\nbaseline_tps: 82\nverify_ms: 30\ndraft_step_ms: 0\ndraft_steps: 2\n" + PIN
 
 
 def write_profiles(tmp: Path, target: Path) -> None:
@@ -41,22 +41,16 @@ def evaluate(tmp, uri, target, profile, *extra):
     return res
 
 
-def register_gated(tmp: Path, wrapped: Path, seeds: tuple[int, ...], tracking_uri: str = "") -> None:
-    """Tiny drafters (one per seed) imported as versions 1, 2, ... of k25-tiny-eagle3, each gated (in the
-    folder's own store, or the one `tracking_uri` names: a tracking server, say)."""
-    from drafter.formats.checkpoint import save_drafter
-
-    vocab = json.loads((wrapped / "config.json").read_text())["text_config"]["vocab_size"]
+def register_gated(tmp: Path, wrapped: Path, trained: Path, seeds: tuple[int, ...], tracking_uri: str = "") -> None:
+    """The tiny drafters trained on `wrapped` (one per seed, from `trained`: the trained_tiny fixture) imported
+    as versions 1, 2, ... of k25-tiny-eagle3, each gated (in the folder's own store, or the one `tracking_uri`
+    names: a tracking server, say)."""
     for seed in seeds:
-        save_drafter(
-            tiny_drafter(seed=seed, vocab_size=vocab, draft_vocab_size=128, aux_layer_ids=[0, 1, 2]),
-            tmp / f"d{seed}",
-            include_embedding=False,
-        )
         for step, args in (
-            ("import_drafter", ["--source", str(tmp / f"d{seed}"), "--target", str(wrapped)]),
+            ("import_drafter", ["--source", str(drafter_folder(trained, seed)), "--target", str(wrapped),
+                                "--name", "k25-tiny-eagle3"]),
             ("shape_gate", ["--model", f"models:/k25-tiny-eagle3/{seed}", "--target", str(wrapped)]),
-        ):
+        ):  # fmt: skip
             res = run_step(
                 step, args, tmp, here=True, **({"MLFLOW_TRACKING_URI": tracking_uri} if tracking_uri else {})
             )

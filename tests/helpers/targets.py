@@ -35,9 +35,10 @@ def write_tiny_targets(root: Path) -> tuple[Path, Path]:
     return flat, wrapped
 
 
-def same_shapes_other_weights(target: Path, out: Path, seed: int = 1) -> Path:
+def same_shapes_other_weights(target: Path, out: Path, seed: int = 1, scale: float = 1.0) -> Path:
     """A copy of `target` with the same config and headers and other weights (the next release of a model,
-    say): the shape gate cannot tell them apart, only the weights' digest and measured acceptance can."""
+    say): the shape gate cannot tell them apart, only the weights' digest and measured acceptance can. Each
+    tensor gets noise of `scale` times its own spread (1: another model; 0.1: a fine-tune of the same)."""
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -48,7 +49,8 @@ def same_shapes_other_weights(target: Path, out: Path, seed: int = 1) -> Path:
         tensors = load_file(path)
         for name, t in tensors.items():
             if t.is_floating_point() and "norm" not in name:
-                noise = torch.randn(t.shape, generator=g).to(t.dtype) * t.float().std().clamp(min=1e-3).to(t.dtype)
+                spread = t.float().std().clamp(min=1e-3) * scale
+                noise = torch.randn(t.shape, generator=g).to(t.dtype) * spread.to(t.dtype)
                 tensors[name] = (t + noise).contiguous()
         save_file(tensors, path, metadata={"format": "pt"})
     return out

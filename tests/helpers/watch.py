@@ -17,22 +17,22 @@ NAME = "k25-tiny-eagle3"
 POINTS = """operating_points:
 - concurrency: 1
   share: 0.5
-  plain_tps: 10
+  plain_tps: 34
   verify_ms: 30
   draft_step_ms: 0
 - concurrency: 8
   share: 0.5
-  plain_tps: 8
+  plain_tps: 26
   verify_ms: 40
   draft_step_ms: 0
 """
 
 
-def promote_for_watch(tmp: Path, wrapped: Path) -> tuple[Path, str]:
+def promote_for_watch(tmp: Path, wrapped: Path, trained: Path) -> tuple[Path, str]:
     """v1 of the tiny drafter holds production (promoted on the lenient profile); `watch.yaml` is that
     deployment calibrated at two loads; returns the folder and the name its export serves under."""
     write_profiles(tmp, wrapped)
-    register_gated(tmp, wrapped, (1,))
+    register_gated(tmp, wrapped, trained, (1,))
     evaluate(tmp, f"models:/{NAME}/1", wrapped, tmp / "lenient.yaml")
     res = run_step("promote", ["--model", f"models:/{NAME}/1", "--profile", str(tmp / "lenient.yaml")], tmp)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
