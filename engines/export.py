@@ -38,7 +38,7 @@ class Exported:
     k: int
     aux: dict  # drafter/aux_layers.mapping of what was handed
     names: tuple[str, ...] = ()  # served names beside the target's (engines/endpoint.drafter_name)
-    method: str = "eagle3"  # the engine's speculative method, read from the files when they were written
+    method: str = "eagle3"  # the draft method (drafter/methods NAME), read from the files when they were written
 
 
 def served_target(target: str | Path, engine: str) -> str:
@@ -59,7 +59,7 @@ def write(src: Path, out: Path, engine: str, k: int, target: str | Path, handed_
     other = folder_method(src)
     if other is not None:  # another draft method exports itself (drafter/methods)
         aux = other[0].export_for(Path(src), Path(out), engine, k)
-        return Exported(engine, Path(out), served_target(target, engine), k, aux, method=other[0].VLLM_METHOD)
+        return Exported(engine, Path(out), served_target(target, engine), k, aux, method=other[0].NAME)
     cfg = load_config(src)
     aux = aux_layers.mapping(list(cfg.aux_layer_ids), READS_AS[engine], handed_ids)
     target_for_engine = served_target(target, engine)
@@ -102,7 +102,8 @@ def server_argv(exported: Exported, settings: vllm.Settings, python: str = PYTHO
     """The server command, as evaluate launches it (the port and interpreter left to the caller)."""
     s = replace(settings, k=exported.k)
     if exported.engine == "sglang":
-        return sglang.server_command(Path(python), Path(exported.target), port, s, exported.folder)  # type: ignore[arg-type]
+        return sglang.server_command(Path(python), Path(exported.target), port, s, exported.folder,  # type: ignore[arg-type]
+                                     method=exported.method)  # fmt: skip
     if exported.engine == "speculators":  # `vllm serve <folder>`: the folder names its verifier and depth
         return vllm.server_command(Path(python), exported.folder, port, s, None, exported.names)  # type: ignore[arg-type]
     return vllm.server_command(Path(python), Path(exported.target), port, s, exported.folder, exported.names,  # type: ignore[arg-type]

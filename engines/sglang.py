@@ -26,19 +26,30 @@ from engines.server import on_loopback
 from engines.vllm import Settings
 
 
-def server_command(python: Path, model: Path, port: int, s: Settings, drafter: Path | None) -> list[str]:
+def server_command(python: Path, model: Path, port: int, s: Settings, drafter: Path | None,
+                   method: str | None = None) -> list[str]:  # fmt: skip
+    """The server's command. `method`: the draft method (drafter/methods NAME) when the drafter folder is not
+    (yet) where it will be served from; else read from the folder."""
     cmd = [
         str(python), "-m", "sglang.launch_server", "--model-path", str(model),
         "--host", "127.0.0.1", "--port", str(port), "--dtype", s.dtype,
         "--context-length", str(s.max_model_len), "--random-seed", str(s.seed),
     ]  # fmt: skip
     if drafter is not None:
-        cmd += [
-            "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(drafter),
-            "--speculative-num-steps", str(s.k), "--speculative-eagle-topk", "1",
-            "--speculative-num-draft-tokens", str(s.k + 1),
-        ]  # fmt: skip
+        cmd += speculative_flags(drafter, s.k, method)
     return cmd
+
+
+def speculative_flags(drafter: Path, k: int, method: str | None = None) -> list[str]:
+    """SGLang's flags for the drafter's method at k drafts a cycle: a chain (EAGLE3) drafts k steps of top-1; a
+    block (DFLASH) drafts its k in one pass, so only the verify width, k + 1 with the bonus token, is said."""
+    from drafter.methods import folder_method_or_default, named
+
+    m = named(method) if method else folder_method_or_default(drafter)
+    flags = ["--speculative-algorithm", m.SGLANG_ALGORITHM, "--speculative-draft-model-path", str(drafter)]
+    if m.SHAPE == "chain":
+        flags += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1"]
+    return flags + ["--speculative-num-draft-tokens", str(k + 1)]
 
 
 def request_body(prompt: list[int], s: Settings, seed: int) -> dict:

@@ -60,7 +60,8 @@ def server_command(python: Path, model: Path, port: int, s: Settings, drafter: P
     """The server's command; `names` are served names beside SERVED_NAME (export's says which drafter runs). A
     speculating server (one given a drafter, or `speculates`: a speculators folder as the model) returns each
     request's verify-step histogram with its last chunk (--per-request-spec-decode-metrics). `method`: the
-    speculative method when the drafter folder is not (yet) where it will be served from (export's serve.sh)."""
+    draft method (drafter/methods NAME) when the drafter folder is not (yet) where it will be served from
+    (export's serve.sh)."""
     cmd = [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model), "--served-model-name", SERVED_NAME, *names,
@@ -69,18 +70,18 @@ def server_command(python: Path, model: Path, port: int, s: Settings, drafter: P
         "--enforce-eager", "--generation-config", "vllm",
     ]  # fmt: skip
     if drafter is not None:
-        spec = {"method": method or vllm_method(drafter), "model": str(drafter), "num_speculative_tokens": s.k}
+        spec = {"method": vllm_method(drafter, method), "model": str(drafter), "num_speculative_tokens": s.k}
         cmd += ["--speculative-config", json.dumps(spec)]
     if drafter is not None or speculates:
         cmd += ["--per-request-spec-decode-metrics", "summary"]
     return cmd
 
 
-def vllm_method(drafter: Path) -> str:
-    """vLLM's speculative method for a drafter folder: its draft method's (drafter/methods), else eagle3."""
-    from drafter.methods import folder_method_or_default
+def vllm_method(drafter: Path, method: str | None = None) -> str:
+    """vLLM's speculative method for a drafter: the named draft method's, else its folder's (drafter/methods)."""
+    from drafter.methods import folder_method_or_default, named
 
-    return folder_method_or_default(drafter).VLLM_METHOD
+    return (named(method) if method else folder_method_or_default(drafter)).VLLM_METHOD
 
 
 def server_env(cpu: bool, base: dict[str, str] | None = None) -> dict[str, str]:

@@ -64,8 +64,8 @@ def test_the_dflash_export_writes_the_yarn_factor_and_refuses_what_it_cannot_ser
     from common.errors import BadInput
 
     mini = ROOT / "miniworld/zl-mini-dflash"
-    with pytest.raises(BadInput, match="vllm only"):
-        dflash.export_for(mini, tmp_path / "s", "sglang", 3)
+    with pytest.raises(BadInput, match="exported for vllm and sglang .speculators has no DFlash reader"):
+        dflash.export_for(mini, tmp_path / "s", "speculators", 3)
     with pytest.raises(BadInput, match="drafts 1..7"):
         dflash.export_for(mini, tmp_path / "w", "vllm", 8)
     aux = dflash.export_for(mini, tmp_path / "v", "vllm", 7)
@@ -112,3 +112,28 @@ def test_serve_sh_serves_a_dflash_export_with_its_own_method_wherever_the_folder
     exported.folder = tmp_path / "not-yet-there"  # as export's serve.sh names the folder it is renamed to
     script = export.serve_script(exported, Settings(k=3, max_new_tokens=1))
     assert '"method": "dflash"' in script and '"num_speculative_tokens": 3' in script
+
+
+def test_sglang_serves_a_dflash_export_with_its_flags_and_an_eagle3_one_as_a_chain(tmp_path):
+    """SGLang (which needs a GPU: the command is what is checked here) is handed DFLASH and the verify width for
+    a block drafter, and EAGLE3 with k steps of top-1 for a chain one; serve.sh says the same wherever the
+    exported folder ends up."""
+    from engines import export
+    from engines.sglang import server_command as sglang_command
+
+    mini = ROOT / "miniworld"
+    exported = export.write(mini / "zl-mini-dflash", tmp_path / "staging", "sglang", 3, mini / "k2.5-mini")
+    assert exported.method == "dflash" and exported.aux["handed_ids"] == [1, 3, 4]
+    assert json.loads((tmp_path / "staging" / "config.json").read_text())["dflash_config"]["target_layer_ids"] == [
+        1, 3, 4]  # fmt: skip
+    exported.folder = tmp_path / "not-yet-there"
+    script = export.serve_script(exported, Settings(k=3, max_new_tokens=1))
+    assert "--speculative-algorithm DFLASH" in script and "--speculative-num-draft-tokens 4" in script
+    assert "--speculative-num-steps" not in script and "--speculative-eagle-topk" not in script
+    s = Settings(k=3, max_new_tokens=8)
+    chain = sglang_command(Path("python"), tmp_path, 30000, s, mini / "aq-mini-eagle3")
+    assert chain[chain.index("--speculative-algorithm") + 1] == "EAGLE3"
+    assert chain[chain.index("--speculative-num-steps") + 1] == "3" and "--speculative-eagle-topk" in chain
+    block = sglang_command(Path("python"), tmp_path, 30000, s, mini / "zl-mini-dflash")
+    at = block.index("--speculative-algorithm")
+    assert block[at + 1] == "DFLASH" and block[block.index("--speculative-num-draft-tokens") + 1] == "4"

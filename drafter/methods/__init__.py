@@ -1,7 +1,8 @@
 """Draft methods, one module each (one registration line each): EAGLE-3, the project's own format and the
 default, and the others, found by their config.
 
-Every method module gives `NAME`, `VLLM_METHOD` (the engine's name for it), `SHAPE` (chain or block),
+Every method module gives `NAME`, `VLLM_METHOD` and `SGLANG_ALGORITHM` (the engines' names for it), `SHAPE`
+(chain or block),
 `drafter_passes(k)` (what its cycle costs in drafter passes), `fit_checks` (the gate's checks against a target),
 `check_width`, `load` and `offline_stats`. The others also give `detect(raw config) -> bool`, `read_config` (every
 field checked), `checked_header`, `pass_parameters`, `save` and `export_for` (their makers' layout). EAGLE-3 is
@@ -40,6 +41,14 @@ def folder_method(folder: str | Path) -> tuple[ModuleType, dict[str, Any]] | Non
         raise BadInput(f"{path}: not a JSON object")
     method = method_of(raw)
     return (method, raw) if method is not None else None
+
+
+def named(name: str) -> ModuleType:
+    """The method module called `name` (as Exported records it)."""
+    found = next((m for m in (DEFAULT, *METHODS) if name == m.NAME), None)
+    if found is None:
+        raise BadInput(f"unknown draft method {name!r} (known: {', '.join(m.NAME for m in (DEFAULT, *METHODS))})")
+    return found
 
 
 def folder_method_or_default(folder: str | Path) -> ModuleType:

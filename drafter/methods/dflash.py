@@ -23,6 +23,7 @@ from drafter.model.dflash import DFlashConfig
 
 NAME = "dflash"
 VLLM_METHOD = "dflash"  # vLLM's speculative_config method (vllm/v1/spec_decode/dflash.py)
+SGLANG_ALGORITHM = "DFLASH"  # --speculative-algorithm (SGLang PR #16818)
 SHAPE = "block"  # one drafter pass a cycle drafts the whole block
 LAYOUT = "z-lab"  # the folder as z-lab ships it, which vLLM loads as it is
 LAYER_TENSORS = (  # 11 per layer, Qwen3-style
@@ -246,12 +247,13 @@ ENGINE_READS = "dflash_config.target_layer_ids: the output of layer i (vLLM adds
 
 def export_for(src: Path, out: Path, engine: str, k: int) -> dict[str, Any]:
     """The folder `engine` loads, in `out`, and the record of which target layers it feeds. vLLM (`method: dflash`)
-    reads z-lab's folder as it is, so the config is rewritten only to make what engines resolve differently
-    explicit: the YaRN attention factor the drafter was trained with. Returns the aux-layer record."""
+    and SGLang (`DFLASH`) read z-lab's folder as it is, so the config is rewritten only to make what engines
+    resolve differently explicit: the YaRN attention factor the drafter was trained with. Returns the aux-layer
+    record."""
     import shutil
 
-    if engine != "vllm":
-        raise BadInput(f"{src}: a DFlash drafter is exported for vllm only ({engine} is not built for it yet)")
+    if engine not in ("vllm", "sglang"):
+        raise BadInput(f"{src}: a DFlash drafter is exported for vllm and sglang ({engine} has no DFlash reader)")
     c = folder_config(src)
     _require_width(c, k, "--k")
     raw = json.loads((src / "config.json").read_text())

@@ -8,6 +8,7 @@ from typing import Any
 
 NAME = "eagle3"
 VLLM_METHOD = "eagle3"
+SGLANG_ALGORITHM = "EAGLE3"  # --speculative-algorithm
 SHAPE = "chain"  # k drafter passes a cycle, one draft each
 
 
