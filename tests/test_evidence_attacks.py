@@ -379,6 +379,46 @@ def test_a_hand_written_profile_at_break_even_at_or_below_one_is_no_evidence(sto
     assert _client(tmp).get_registered_model(NAME).aliases.get("production") != "1"
 
 
+def test_a_block_drafter_priced_below_one_on_a_profile_above_it_is_no_evidence(tmp_path):
+    """20 tok/s, a 30 ms verify and three 10 ms draft steps: a chain's break-even is 1.200, but a DFlash
+    drafter's cycle is one pass (0.800), so a block drafter that accepts nothing would pass on it: the evidence
+    recompute prices the drafter's own cycle and refuses it, to staging and production alike; at 26 tok/s (1.040)
+    the same drafter is promoted to staging (promote gates a DFlash version by its own method's rules)."""
+    from common.prompt_files import file_digest
+
+    mini = Path(__file__).resolve().parents[1] / "miniworld"
+    lines = (mini / "prompts" / "workload-code.jsonl").read_text().splitlines()[:8]
+    (tmp_path / "w.jsonl").write_text("".join(line + "\n" for line in lines))
+    (tmp_path / "cheap.yaml").write_text(
+        "name: cheap\nbaseline_tps: 20\nverify_ms: 30\ndraft_step_ms: 10\ndraft_steps: 3\nmin_prompts: 8\n"
+        f"eval_prompts: w.jsonl\neval_prompts_sha256: {file_digest(tmp_path / 'w.jsonl')}\neval_max_new_tokens: 8\n"
+        f"target: {mini / 'k2.5-mini'}\n"
+    )
+    uri = "models:/zl-mini-dflash/1"
+    for step, args in (
+        ("import_drafter", ["--source", str(mini / "zl-mini-dflash"), "--target", str(mini / "k2.5-mini"), "--name",
+                            "zl-mini-dflash"]),
+        ("shape_gate", ["--model", uri, "--target", str(mini / "k2.5-mini")]),
+        ("evaluate", ["--model", uri, "--target", str(mini / "k2.5-mini"), "--profile", str(tmp_path / "cheap.yaml"),
+                      "--no-progress"]),
+    ):  # fmt: skip
+        res = run_step(step, args, tmp_path, here=True)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    for stage in ("staging", "production"):
+        res = run_step("promote", ["--model", uri, "--profile", str(tmp_path / "cheap.yaml"), "--stage", stage],
+                       tmp_path, here=True)  # fmt: skip
+        _refused(res, "profile cheap, priced for this drafter (a block cycle): its cycle costs no more than plain")
+        assert "break-even 0.800 <= 1" in res.stdout, res.stdout[-2000:]
+    # positive control: the same evidence on the profile at 26 tok/s (a block's break-even 1.040) promotes it to staging
+    fair = (tmp_path / "cheap.yaml").read_text().replace("baseline_tps: 20", "baseline_tps: 26")
+    (tmp_path / "fair.yaml").write_text(fair.replace("name: cheap", "name: fair"))
+    run_step("evaluate", ["--model", uri, "--target", str(mini / "k2.5-mini"), "--profile", str(tmp_path / "fair.yaml"),
+                          "--no-progress"], tmp_path, here=True)  # fmt: skip
+    res = run_step("promote", ["--model", uri, "--profile", str(tmp_path / "fair.yaml"), "--stage", "staging"],
+                   tmp_path, here=True)  # fmt: skip
+    assert res.returncode == 0 and "break-even 1.040" in res.stdout, res.stdout[-2000:]
+
+
 def test_recertify_rechecks_production_when_the_target_moves_and_demotes_by_the_rule(small_main_job, tmp_path):
     """The main job's candidate holds production on k2.5-mini. Nothing moved: re-certification says so. The
     deployment moves to a target with k2.5-mini's shapes and other weights (the shape gate cannot tell them

@@ -22,14 +22,15 @@ def recompute(c: Any, mv: Any, profile: Profile, dep: Any = None, holder: bool =
     `holder`: the version holds the alias, and its figure is what a candidate must not fall short of: a lost
     record of it is a finding, never a block (a block would freeze production on it). `decide_on`: only that
     run's record decides (recertify's fresh measurement); every other run is at most a finding."""
-    from drafter.analysis.compat import check_compat, drafter_facts, target_facts, verdict
+    from drafter.analysis.compat import verdict
+    from drafter.methods import folder_method_or_default
     from registry.access import store
     from registry.ledger.deployment import deployment
     from registry.ledger.lineage import lineage, overlap
 
     dep = dep or deployment(profile)
     _, folder = store.version_folder(f"models:/{mv.name}/{mv.version}")
-    gate = verdict(check_compat(drafter_facts(folder), target_facts(dep.target))) if dep.target else None
+    gate = verdict(folder_method_or_default(folder).fit_checks(folder, dep.target)) if dep.target else None
     files = store.drafter_files(folder)
     found = records_for(c, mv.name, str(mv.version), dep.trust)
     pinned = pinned_keys(profile)
@@ -66,8 +67,17 @@ def recompute(c: Any, mv: Any, profile: Profile, dep: Any = None, holder: bool =
                     class_floor=profile.class_floor, contaminated=contaminated, operating_points=ops,
                     basis=basis, lineage_problems=tuple(known.problems),
                     context_floors=profile.context_floors, findings=tuple(findings))  # fmt: skip
+    low = next(((p.concurrency, be) for p in points if (be := break_even_accept_len(p)) <= 1), None)
     if dep.refusal:
         return _with(base, note=dep.refusal)
+    if low is not None:  # the profile as written is above 1, but this drafter's own cycle is priced below it
+        where = "" if low[0] is None else f" at concurrency {low[0]}"
+        note = (
+            f"profile {profile.name}, priced for this drafter (a {priced.draft_shape} cycle): its cycle costs no "
+            f"more than plain decoding (break-even {low[1]:.3f} <= 1{where}), so a drafter that accepts nothing "
+            "would pass; it stands as no evidence"
+        )
+        return _with(base, note=note)
     if blocking:
         run, why = blocking[-1]
         note = (
