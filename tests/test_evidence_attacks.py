@@ -417,6 +417,8 @@ def test_a_block_drafter_priced_below_one_on_a_profile_above_it_is_no_evidence(t
     res = run_step("promote", ["--model", uri, "--profile", str(tmp_path / "fair.yaml"), "--stage", "staging"],
                    tmp_path, here=True)  # fmt: skip
     assert res.returncode == 0 and "break-even 1.040" in res.stdout, res.stdout[-2000:]
+    serve_at = next(line for line in res.stdout.splitlines() if line.startswith("serve at:"))
+    assert "k=3" in serve_at.split("(")[0] and "k=1" not in serve_at, serve_at  # a block: its measured width only
 
 
 def test_recertify_rechecks_production_when_the_target_moves_and_demotes_by_the_rule(small_main_job, tmp_path):
