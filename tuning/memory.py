@@ -18,7 +18,7 @@ from drafter.train.loop import TrainConfig, load_ds_config
 def init_config(init: str, arch: str) -> DrafterConfig:
     """The drafter config `init` names, reading config.json only (no weights)."""
     if init == "scratch":
-        return DrafterConfig.from_file(Path(arch) / "config.json" if Path(arch).is_dir() else arch)
+        return _eagle3_config(Path(arch) / "config.json" if Path(arch).is_dir() else Path(arch), init)
     if init.startswith("models:/"):
         from registry.access import store
 
@@ -26,17 +26,35 @@ def init_config(init: str, arch: str) -> DrafterConfig:
         mv = store.get_version(init, c)
         local = store.local_folder(c, mv)
         if local is not None:
-            return DrafterConfig.from_file(local / "config.json")
+            return _eagle3_config(local / "config.json", init)
         import tempfile
 
         import mlflow
 
         with tempfile.TemporaryDirectory() as tmp:
             uri = c.get_model_version_download_uri(mv.name, mv.version).rstrip("/") + "/config.json"
-            return DrafterConfig.from_file(Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp)))
+            return _eagle3_config(Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp)), init)
     from registry.access.resolve import resolve_drafter
 
-    return DrafterConfig.from_file(resolve_drafter(init, config_only=True).folder / "config.json")
+    return _eagle3_config(resolve_drafter(init, config_only=True).folder / "config.json", init)
+
+
+def _eagle3_config(path: Path, init: str) -> DrafterConfig:
+    """The EAGLE-3 config at `path`; another draft method's is refused by name, since finetune's trial trains
+    EAGLE-3 only (DFlash's objective and loop are drafter/train/block_loop.py, not yet an Optuna trial)."""
+    import json
+
+    from drafter.methods import method_of
+
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raw = None  # DrafterConfig.from_file says what is wrong with it, naming the file
+    other = method_of(raw) if isinstance(raw, dict) else None
+    if other is not None:
+        raise BadInput(f"--init {init}: a {other.NAME} drafter; finetune trains EAGLE-3 drafters only (the "
+                       f"{other.NAME} objective is built, its Optuna/DeepSpeed trial is not)")  # fmt: skip
+    return DrafterConfig.from_file(path)
 
 
 def _whole(value: Any, where: str) -> int:
