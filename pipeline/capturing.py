@@ -55,17 +55,47 @@ class Capture:
         return cls(**{f.name: values[f.name] for f in fields(cls)})
 
 
-def checked_target(target: str, layers: list[int], drafter_cfg: Any) -> tuple[Path, TargetConfig]:
-    """The target's folder and config, the layers in its range and its width the drafter's: from the config
+@dataclass(frozen=True)
+class Reader:
+    """A drafter the capture is for: the target layers it reads and the target width it expects."""
+
+    ref: str
+    method: str
+    layers: tuple[int, ...]
+    target_hidden: int
+
+
+def readers_of(refs: list[str]) -> list[Reader]:
+    """Each drafter named (folder, models:/ URI or hub id), read by its own method from its config alone."""
+    from drafter.methods import folder_method_or_default
+    from registry.access.resolve import resolve_drafter
+
+    out = []
+    for ref in refs:
+        folder = resolve_drafter(ref, config_only=True).folder
+        method = folder_method_or_default(folder)
+        layers, hidden = method.reads(folder)
+        out.append(Reader(ref, method.NAME, tuple(layers), hidden))
+    return out
+
+
+def union_of(readers: list[Reader]) -> list[int]:
+    """The layers every named drafter reads, once each, in layer order (one capture trains them all)."""
+    return sorted({i for r in readers for i in r.layers})
+
+
+def checked_target(target: str, layers: list[int], readers: list[Reader]) -> tuple[Path, TargetConfig]:
+    """The target's folder and config, the layers in its range and its width each drafter's: from the config
     alone, before any model or server starts."""
     folder, _ = resolve_local(target)
     cfg = TargetConfig.from_file(folder)
     check_layer_ids(cfg, layers, folder)
-    if drafter_cfg is not None and drafter_cfg.target_hidden != cfg.hidden_size:
-        raise BadInput(
-            f"target hidden size {cfg.hidden_size} does not fit the drafter's fc input "
-            f"{3 * drafter_cfg.target_hidden} / 3 = {drafter_cfg.target_hidden}"
-        )
+    for r in readers:
+        if r.target_hidden != cfg.hidden_size:
+            raise BadInput(f"{r.ref}: reads a target of hidden size {r.target_hidden}; {target}'s is {cfg.hidden_size}")
+        missing = [i for i in r.layers if i not in layers]
+        if missing:
+            raise BadInput(f"--layers {layers} lacks layer(s) {missing} that {r.ref} reads")
     return folder, cfg
 
 

@@ -28,8 +28,8 @@ SPEC = Spec(
         Param("out", help="dataset folder to create (or resume)"),
         Param("max_len", default=512, help="tokens per sample (longer prompts are cut)", type=int),
         Param("limit", default=0, help="use the first N prompts (0: all)", type=int),
-        Param("drafter", default="none", help="drafter whose config gives the aux layer ids"),
-        Param("layers", default="auto", help="aux layer ids 'a,b,c' (auto: the drafter's)"),
+        Param("drafter", default="none", help="drafter(s) whose configs give the layers: a,b captures their union"),
+        Param("layers", default="auto", help="target layer ids 'a,b,c' (auto: the union of the drafters')"),
         Param("shard_tokens", default=65536, help="tokens per shard", type=int, cli=True),
         Param("dtype", default="auto", help="the target's precision (auto: its checkpoint's own)"),
         Param(
@@ -94,8 +94,8 @@ def parse_layers(text: str) -> list[int]:
         ids = [int(x) for x in text.replace(" ", "").strip("[]").split(",") if x]
     except ValueError:
         raise BadInput(f"--layers must be comma-separated integers, got {text!r}") from None
-    if len(ids) != 3:
-        raise BadInput(f"--layers needs exactly 3 layer ids, got {ids}")
+    if not ids or len(set(ids)) != len(ids):
+        raise BadInput(f"--layers needs distinct layer ids, got {ids}")
     return ids
 
 
@@ -111,9 +111,12 @@ def run(args: argparse.Namespace) -> int:
         source_of,
     )
 
-    layers, drafter_ref, drafter_cfg, records = parse(args)
+    layers, drafter_ref, readers, records = parse(args)
     job = Capture.of(vars(args))
-    folder, cfg = checked_target(args.target, layers, drafter_cfg)
+    folder, cfg = checked_target(args.target, layers, readers)
+    if len(readers) > 1:
+        said = " and ".join(f"{r.ref}'s ({r.method}) {list(r.layers)}" for r in readers)
+        print(f"make_data: layers {layers}: the union of {said}; each trains on its own")
     if args.print_server_command:
         print(shlex.join(capture_server_command(job, cfg, layers)))
         return 0
@@ -152,11 +155,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse(args: argparse.Namespace) -> tuple[list[int], str | None, Any, list[dict]]:
-    """(aux layers to capture, the drafter named and its config, the prompt records): the layers from --layers,
-    else the drafter's config."""
+def parse(args: argparse.Namespace) -> tuple[list[int], str | None, list[Any], list[dict]]:
+    """(layers to capture, the drafters named, what each reads, the prompt records): the layers from --layers,
+    else the union of the drafters'."""
     # deferred: torch comes with these, and --help or refused input needs none of it
-    from registry.access.resolve import resolve_drafter
+    from pipeline.capturing import readers_of, union_of
 
     if args.max_len < 2 or args.limit < 0 or args.shard_tokens < 1 or args.max_new_tokens < 1:
         raise BadInput("--max_len must be >= 2, --limit >= 0, --shard_tokens >= 1, --max_new_tokens >= 1")
@@ -169,16 +172,17 @@ def parse(args: argparse.Namespace) -> tuple[list[int], str | None, Any, list[di
             "--engine sglang needs --specforge, --chat_template and --tensor_parallel >= 1, without --regenerate"
         )
     drafter_ref = none_if_empty(args.drafter)
-    drafter_cfg = None
-    if drafter_ref:
-        drafter_cfg = resolve_drafter(drafter_ref, config_only=True).config
+    refs = [r.strip() for r in (drafter_ref or "").split(",") if r.strip()]
+    readers = readers_of(refs)
     if none_if_empty(args.layers):
         layers = parse_layers(args.layers)
-    elif drafter_cfg is not None:
-        layers = list(drafter_cfg.aux_layer_ids)
+    elif readers:
+        layers = union_of(readers)
     else:
-        raise BadInput("give --drafter (its config names the aux layers) or --layers")
-    return layers, drafter_ref, drafter_cfg, read_prompts(args.prompts, args.limit or None)
+        raise BadInput("give --drafter (its config names the layers it reads) or --layers")
+    if args.engine == "sglang" and len(layers) != 3:
+        raise BadInput(f"--engine sglang captures through SpecForge, which takes exactly 3 layers, not {layers}")
+    return layers, drafter_ref, readers, read_prompts(args.prompts, args.limit or None)
 
 
 def regen_temperature(text: str) -> float:

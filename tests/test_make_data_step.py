@@ -7,6 +7,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
+from common.errors import BadInput
 from tests.helpers.prompts import PROMPTS, write_prompts
 from tests.helpers.steps import run_module
 
@@ -88,7 +89,8 @@ def test_make_data_layers_from_a_drafter_and_bad_inputs(tiny_targets, tmp_path, 
     refused(["--layers", "0,1,7"], "aux layer ids [7] out of range")
     wide = drafter_factory(vocab_size=300, draft_vocab_size=64, target_hidden_size=48)
     save_drafter(wide, tmp_path / "wide")
-    refused(["--drafter", str(tmp_path / "wide")], "target hidden size 32 does not fit the drafter's fc input 144")
+    refused(["--drafter", str(tmp_path / "wide")], "reads a target of hidden size 48;")
+    refused(["--drafter", str(tmp_path / "drafter"), "--layers", "0,1"], "lacks layer(s) [2, 3] that")
     (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{oops\n')
     res = run(
         [
@@ -307,3 +309,34 @@ def test_an_endpoint_naming_a_file_capture_did_not_write_never_has_it_deleted(ti
     finally:
         server.shutdown()
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_make_data_captures_the_union_of_the_drafters_and_each_reads_its_own(tiny_targets, tmp_path, drafter_factory):
+    """Two drafters reading [0, 2, 3] and [1, 2, 3]: one capture of [0, 1, 2, 3], said; each drafter's view of it
+    holds exactly the states a capture of its own layers holds; a drafter reading a layer not captured is refused
+    by name."""
+    import torch
+
+    from drafter.data.dataset import HiddenStateDataset
+    from drafter.formats.checkpoint import save_drafter
+    from drafter.train.loop import check_fit
+
+    prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS[:2])
+    for name, ids in (("a", [0, 2, 3]), ("b", [1, 2, 3])):
+        save_drafter(drafter_factory(vocab_size=300, draft_vocab_size=64, aux_layer_ids=ids), tmp_path / name)
+    base = ["--target", str(tiny_targets[0]), "--prompts", str(prompts), "--no-progress"]
+    both = run([*base, "--out", str(tmp_path / "both"), "--drafter", f"{tmp_path / 'a'},{tmp_path / 'b'}"], tmp_path)
+    assert both.returncode == 0, both.stderr[-2000:]
+    assert "layers [0, 1, 2, 3]: the union of" in both.stdout and "(eagle3) [1, 2, 3]" in both.stdout
+    own = run([*base, "--out", str(tmp_path / "own"), "--drafter", str(tmp_path / "a")], tmp_path)
+    assert own.returncode == 0, own.stderr[-2000:]
+    union, alone = HiddenStateDataset(tmp_path / "both"), HiddenStateDataset(tmp_path / "own")
+    assert union.layer_ids == [0, 1, 2, 3] and union.index["aux_hidden_size"] == 4 * union.hidden_size
+    cfg = drafter_factory(vocab_size=300, draft_vocab_size=64, aux_layer_ids=[0, 2, 3]).config
+    view = check_fit(cfg, union)
+    assert view.layer_ids == [0, 2, 3] and len(view) == len(alone)
+    for i in range(len(alone)):
+        assert torch.equal(view[i].aux_hidden, alone[i].aux_hidden)
+    wrong = drafter_factory(vocab_size=300, draft_vocab_size=64, aux_layer_ids=[1, 2, 3]).config
+    with pytest.raises(BadInput, match=r"layer ids \[0, 2, 3\] vs drafter's \[1, 2, 3\]"):
+        check_fit(wrong, alone)

@@ -137,3 +137,11 @@ def test_sglang_serves_a_dflash_export_with_its_flags_and_an_eagle3_one_as_a_cha
     block = sglang_command(Path("python"), tmp_path, 30000, s, mini / "zl-mini-dflash")
     at = block.index("--speculative-algorithm")
     assert block[at + 1] == "DFLASH" and block[block.index("--speculative-num-draft-tokens") + 1] == "4"
+
+
+def test_each_method_says_which_target_layers_it_reads():
+    """What make_data captures for a drafter (the union, for several) comes from each method's own config."""
+    for folder in ("zl-mini-dflash", "rh-mini-eagle3"):
+        raw = json.loads((ROOT / "miniworld" / folder / "config.json").read_text())
+        layers, hidden = folder_method_or_default(ROOT / "miniworld" / folder).reads(ROOT / "miniworld" / folder)
+        assert layers == [1, 3, 4] and hidden == raw.get("hidden_size", raw.get("target_hidden_size")), (folder, raw)

@@ -188,7 +188,7 @@ class DatasetWriter:
             "format": FORMAT,
             "version": VERSION,
             **{k: self.meta[k] for k in ("target", "layer_ids", "hidden_size", "vocab_size") if k in self.meta},
-            "aux_hidden_size": 3 * self.meta["hidden_size"],
+            "aux_hidden_size": len(self.meta["layer_ids"]) * self.meta["hidden_size"],
             "dtype": "bfloat16",
             "num_samples": self.done_samples,
             "num_tokens": sum(s["num_tokens"] for s in self.shards),
@@ -454,6 +454,43 @@ def _natural_key(path: Path) -> list[Any]:
     import re
 
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
+
+
+class LayerView:
+    """A dataset as a drafter that reads some of its captured layers sees it (a capture of several drafters' union:
+    make_data --drafter a,b): each sample's aux states cut to those layers' columns, in the drafter's order.
+    Everything else is the dataset's own."""
+
+    def __init__(self, base: Any, ids: list[int]) -> None:
+        self.base, self._ids = base, list(ids)
+        held, h = list(base.layer_ids), int(base.hidden_size)
+        self._cols = torch.cat([torch.arange(held.index(i) * h, (held.index(i) + 1) * h) for i in self._ids])
+
+    @property
+    def layer_ids(self) -> list[int]:
+        return list(self._ids)
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int) -> Sample:
+        s = self.base[i]
+        return Sample(s.input_ids, s.loss_mask, s.aux_hidden[:, self._cols], s.last_hidden, s.target_token)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.base, name)
+
+
+def layers_for(dataset: Any, ids: list[int]) -> Any:
+    """The dataset as a drafter reading target layers `ids` sees it: itself when it holds exactly those, in that
+    order; a LayerView when it holds them among others; bad input naming the ones it lacks."""
+    held = list(dataset.layer_ids)
+    if held == list(ids):
+        return dataset
+    missing = [i for i in ids if i not in held]
+    if missing:
+        raise BadInput(f"the dataset holds layers {held}; the drafter reads {list(ids)} ({missing} not captured)")
+    return LayerView(dataset, ids)
 
 
 def open_dataset(folder: str | Path, **specforge: Any) -> HiddenStateDataset | SpecForgeDataset:

@@ -3,7 +3,8 @@ default, and the others, found by their config.
 
 Every method module gives `NAME`, `VLLM_METHOD` and `SGLANG_ALGORITHM` (the engines' names for it), `SHAPE`
 (chain or block),
-`drafter_passes(k)` (what its cycle costs in drafter passes), `fit_checks` (the gate's checks against a target),
+`drafter_passes(k)` (what its cycle costs in drafter passes), `reads` (the target layers and width it reads),
+`fit_checks` (the gate's checks against a target),
 `check_width`, `load` and `offline_stats`. The others also give `detect(raw config) -> bool`, `read_config` (every
 field checked), `checked_header`, `pass_parameters`, `save` and `export_for` (their makers' layout). EAGLE-3 is
 read by drafter/formats and gated by drafter/analysis/compat.

@@ -161,6 +161,12 @@ def save(model: Any, folder: Path, num_target_layers: int, dtype: str = "float32
     (folder / "config.json").write_text(json.dumps(config_dict(model.config, num_target_layers, dtype), indent=2))
 
 
+def reads(folder: Path) -> tuple[list[int], int]:
+    """(the target layers it reads, the target hidden size it expects), from its config alone (make_data)."""
+    c = folder_config(folder)
+    return list(c.target_layer_ids), int(c.hidden_size)
+
+
 def fit_checks(folder: Path, target: str | Path) -> list[Check]:
     """The gate's rules against the target, from the config and the weights' header (when the folder has
     weights; without them the tensors are not checked and the verdict says so)."""
@@ -182,11 +188,10 @@ def check_width(folder: Path, k: int, what: str) -> None:
 
 def offline_stats(model: Any, dataset: Any, k: int) -> tuple[float, list[float]]:
     """Teacher-forced (sim_accept_len, conditional acceptance by position) of the blocks of a held-out dataset."""
+    from drafter.data.dataset import layers_for
     from drafter.train.block_loop import block_stats
 
-    if list(dataset.layer_ids) != list(model.config.target_layer_ids):
-        raise BadInput(f"the dataset holds layers {list(dataset.layer_ids)}; the drafter reads "
-                       f"{list(model.config.target_layer_ids)}")  # fmt: skip
+    dataset = layers_for(dataset, list(model.config.target_layer_ids))
     return block_stats(model, dataset, list(range(len(dataset))), k)
 
 

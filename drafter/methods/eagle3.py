@@ -17,6 +17,16 @@ def drafter_passes(k: int) -> int:
     return k
 
 
+def reads(folder: Path) -> tuple[list[int], int]:
+    """(the target layers it reads, the target hidden size it expects), from its config alone (make_data)."""
+    from drafter.formats.checkpoint import load_config
+    from drafter.formats.layouts import view
+
+    weights = any(Path(folder).glob("*.safetensors"))  # a hub drafter fetched config-only has none
+    cfg = view(folder).config if weights else load_config(folder)  # any layout drafter/formats reads
+    return list(cfg.aux_layer_ids), int(cfg.target_hidden)
+
+
 def fit_checks(folder: Path, target: str | Path) -> list:
     """The shape gate's checks of the drafter against the target, from headers (drafter/analysis/compat)."""
     from drafter.analysis.compat import check_compat, drafter_facts, target_facts
@@ -44,6 +54,6 @@ def offline_stats(model: Any, dataset: Any, k: int) -> tuple[float, list[float]]
     from drafter.train.loop import check_fit
     from drafter.train.loop import offline_stats as stats_of
 
-    check_fit(model.config, dataset)
+    dataset = check_fit(model.config, dataset)
     s = stats_of(model, dataset, list(range(len(dataset))), dataset.target_head()[model.t2d].float(), k)
     return s.sim_accept_len, s.conditional_acceptance

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from drafter.data.dataset import collate, iterate_batches
+from drafter.data.dataset import collate, iterate_batches, layers_for
 from drafter.model.dflash import DFlashDrafter
 from drafter.train.block_objective import GAMMA, block_acceptance, block_forward, sample_anchors
 from drafter.train.loop import batch_indices
@@ -59,6 +59,7 @@ def train_block(
     model: DFlashDrafter, dataset: Any, indices: list[int], cfg: BlockTrainConfig, progress: bool = True
 ) -> BlockTrainResult:
     """AdamW with warmup and cosine decay over `cfg.steps` batches of `indices`, anchors redrawn every step."""
+    dataset = layers_for(dataset, list(model.config.target_layer_ids))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.peak_lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg.seed)
     out = BlockTrainResult(0.0)
@@ -85,6 +86,7 @@ def block_stats(
     model: DFlashDrafter, dataset: Any, indices: list[int], k: int, anchors: int = 32, seed: int = 0
 ) -> tuple[float, list[float]]:
     """Teacher-forced (simulated accept_len at k drafts, conditional acceptance by position) on held-out samples."""
+    dataset = layers_for(dataset, list(model.config.target_layer_ids))
     gen = torch.Generator().manual_seed(seed)
     correct, valid = [], []
     for batch in iterate_batches(dataset, indices, 8, shuffle=False):

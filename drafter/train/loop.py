@@ -174,10 +174,13 @@ def load_ds_config(name_or_path: str, cfg: TrainConfig, total_steps: int) -> dic
     return ds
 
 
-def check_fit(cfg: DrafterConfig, dataset: Any) -> None:
-    """The dataset must carry the states this drafter reads: same layers, hidden size and vocab."""
+def check_fit(cfg: DrafterConfig, dataset: Any) -> Any:
+    """The dataset must carry the states this drafter reads: its layers (among others, for a capture of several
+    drafters' union), hidden size and vocab. Returns the dataset as the drafter reads it (dataset.layers_for)."""
+    from drafter.data.dataset import layers_for
+
     problems = []
-    if list(dataset.layer_ids) != list(cfg.aux_layer_ids):
+    if any(i not in list(dataset.layer_ids) for i in cfg.aux_layer_ids):
         problems.append(f"layer ids {list(dataset.layer_ids)} vs drafter's {list(cfg.aux_layer_ids)}")
     if int(dataset.hidden_size) != cfg.target_hidden:
         problems.append(f"hidden size {dataset.hidden_size} vs drafter's target hidden {cfg.target_hidden}")
@@ -186,11 +189,12 @@ def check_fit(cfg: DrafterConfig, dataset: Any) -> None:
         problems.append(f"target vocab {head.shape[0]} vs drafter's vocab_size {cfg.vocab_size}")
     if problems:
         raise BadInput("dataset does not fit the drafter: " + "; ".join(problems))
+    return layers_for(dataset, list(cfg.aux_layer_ids))
 
 
 def scratch_drafter(cfg: DrafterConfig, dataset: Any, train_indices: list[int], seed: int = 0) -> Eagle3Drafter:
     """Random weights, vocab maps from the training data's token counts, the target's embedding."""
-    check_fit(cfg, dataset)
+    dataset = check_fit(cfg, dataset)
     model = Eagle3Drafter(cfg)
     model.init_weights(seed)
     d2t, t2d = build_vocab_maps(token_counts(dataset, cfg.vocab_size, train_indices), cfg.draft_vocab_size)
@@ -327,6 +331,8 @@ def train(
     Under a launcher with W ranks, each global batch of cfg.batch_size samples is split into W
     disjoint parts, and the loss is normalised by the global token count, so W ranks compute the
     gradient one rank would on the whole batch."""
+    dataset = check_fit(model.config, dataset)  # a capture of several drafters' layers: this one's columns
+    val_dataset = check_fit(model.config, val_dataset) if val_dataset is not None else None
     run = _setup(model, dataset, cfg, val_dataset)
     history: list[dict[str, float]] = []
     val_stats, tokens, t0 = None, 0, time.perf_counter()
