@@ -46,6 +46,8 @@ def measure(c: Any, r: Request, evaluate_again: Callable[[Request, Any, str], No
     `evaluate_again(request, version, target)` (the evaluation service, asked as `evaluate` would be)."""
     dep = deployment(r.profile)
     check_target(dep)
+    if dep.refusal:  # before anything is measured: a profile that passes what accepts nothing decides nothing
+        raise BadInput(f"--profile: {dep.refusal}")
     held = sanction.holder(c, r.name, r.stage)
     if held.version is None:
         raise BadInput(f"{r.name}: no sanctioned version holds {r.stage}; nothing to re-certify")

@@ -195,9 +195,11 @@ class DepthChoice:
 
 
 def recommend_depth(acc_pos: list[float], op: OperatingPoint, depths: list[int]) -> DepthChoice:
-    """The depth that maximises projected tok/s at this operating point (the smaller k on a tie)."""
+    """The depth that maximises projected tok/s at this operating point (the smaller k on a tie). A depth whose cycle
+    is priced no dearer than a plain step (break-even <= 1: a timing lost in noise) is never offered: on it any
+    drafter, one that accepts nothing too, would look like a gain."""
     best = None
-    for k in sorted(depths):
+    for k in sorted([d for d in depths if op.break_even(d) > 1] or depths):
         tps = accept_len_at_depth(acc_pos, k) * 1000.0 / op.cycle_ms(k)
         if best is None or tps > best[1] * (1 + 1e-9):
             best = (k, tps)

@@ -13,7 +13,7 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +83,8 @@ def parse_workload(raw: dict[str, Any], where: Path) -> tuple[TrafficClass, ...]
     total = sum(c.share for c in classes)
     if abs(total - 1.0) > 1e-6:
         raise BadInput(f"{where}: workload shares sum to {total:g}, not 1")
-    return classes
+    # normalised, so that the mix of classes that each accept nothing is 1.000, never a rounding above it
+    return tuple(replace(c, share=c.share / total) for c in classes)
 
 
 def _class(item: Any, base: Path, where: Path) -> TrafficClass:
@@ -127,8 +128,9 @@ def pooled(per_prompt: list[tuple[int, int]]) -> float:
 
 def mix_accept_len(parts: list[tuple[float, list[tuple[int, int]]]]) -> float:
     """Share-weighted accept_len of (share, per-prompt counts) classes: projected tok/s is linear in
-    accept_len at one cycle cost, so this is the mix's projected tok/s over 1000 / cycle_ms."""
-    return sum(share * pooled(per) for share, per in parts)
+    accept_len at one cycle cost, so this is the mix's projected tok/s over 1000 / cycle_ms. Summed as the excess
+    over one token a cycle, so a mix of classes that accept nothing is exactly 1, whatever the shares round to."""
+    return 1.0 + sum(share * (pooled(per) - 1.0) for share, per in parts)
 
 
 def mix_ci(
@@ -142,26 +144,25 @@ def mix_ci(
     from scipy.stats import t as student
 
     rng = np.random.default_rng(seed)
-    total, center, smallest = np.zeros(iters), 0.0, None
+    total, center, smallest = np.zeros(iters), 0.0, None  # the excess over 1 token a cycle, as mix_accept_len
     for share, per in parts:
         arr = np.asarray([p for p in per if p[1]], dtype=np.float64).reshape(-1, 2)
         n = len(arr)
-        if n == 0:
-            total += share
-            center += share
+        if n == 0:  # no cycles: read as 1 token a cycle, no excess
             continue
         value = arr[:, 0].sum() / arr[:, 1].sum()
-        center += share * value
+        center += share * (value - 1.0)
         if n == 1:
-            total += share * value
+            total += share * (value - 1.0)
             continue
         pick = rng.integers(0, n, size=(iters, n))
-        total += share * (value + math.sqrt(n / (n - 1)) * (arr[pick, 0].sum(1) / arr[pick, 1].sum(1) - value))
+        spread = math.sqrt(n / (n - 1)) * (arr[pick, 0].sum(1) / arr[pick, 1].sum(1) - value)
+        total += share * (value - 1.0 + spread)
         smallest = n if smallest is None else min(smallest, n)
     if smallest is None:
-        return center, center
+        return 1.0 + center, 1.0 + center
     half = float(student.ppf(0.5 + level / 2, smallest - 1)) * float(total.std(ddof=1))
-    return center - half, center + half
+    return 1.0 + center - half, 1.0 + center + half
 
 
 @dataclass(frozen=True)

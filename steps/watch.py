@@ -108,6 +108,10 @@ def setup(c: Any, args: argparse.Namespace) -> State:
     profile = load_profile(args.profile)
     if not profile.operating_points:
         raise BadInput(f"profile {profile.name} has no calibration by load (operating_points): run calibrate first")
+    low = [op.concurrency for op in profile.operating_points if op.break_even(profile.draft_steps) <= 1]
+    if low:  # its break-evens would read any drafter as paying where a cycle is priced no dearer than a plain step
+        raise BadInput(f"profile {profile.name}: a cycle no dearer than plain decoding (break-even <= 1) at "
+                       f"concurrency {', '.join(map(str, low))}: fix the calibration")  # fmt: skip
     raw = dict(profile.watch)
     for key, given in (("action", args.policy), ("tolerance", args.tolerance)):
         if none_if_empty(given) is not None:

@@ -138,3 +138,13 @@ def test_sglangs_counters_and_its_older_mean_with_generated_tokens():
 def test_a_page_that_is_not_an_engines_metrics_is_refused(text):
     with pytest.raises(exposition.NotExposition):
         exposition.parse(text)
+
+
+def test_a_depth_priced_no_dearer_than_a_plain_step_is_never_recommended():
+    """Timed cycles of 10.5 ms at k=1 and 20.5 ms at k=2 against 50 tok/s plain: k=1's break-even is 0.525, noise, on
+    which a drafter that accepts nothing would look 1.9x faster; only k=2 (1.025) is offered."""
+    from serving.cycle_model import recommend_depth
+
+    op = OperatingPoint(1, 1.0, 50.0, 10.0, 0.5, cycle_ms_measured=((1, 10.5), (2, 20.5)))
+    assert op.break_even(1) < 1 < op.break_even(2)
+    assert recommend_depth([0.0, 0.0], op, [1, 2]).k == 2

@@ -458,6 +458,9 @@ def test_recertify_rechecks_production_when_the_target_moves_and_demotes_by_the_
 
     one_line_exit_2(step("recertify", "--model", "no-such-model", "--profile", str(tmp_path / "mix.yaml"), code=2),
                     "--model no-such-model: no such registered model")  # fmt: skip
+    # a profile that would pass what accepts nothing decides nothing: refused before anything is measured
+    one_line_exit_2(step("recertify", "--model", name, "--profile", profile("low.yaml", mini, 20), code=2),
+                    "break-even 0.600 <= 1")  # fmt: skip
     same = step("recertify", "--model", name, "--profile", str(tmp_path / "mix.yaml"))
     assert "its evidence still matches today's conditions" in same.stdout and "recertify: unchanged" in same.stdout
     # a junk lineage run planted on the holder's weights (anyone can log one): a finding, never a demotion

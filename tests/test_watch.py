@@ -189,6 +189,9 @@ def test_bad_input_is_one_line_and_exit_2(promoted, tmp_path):
     import threading
 
     tmp = copy_store(promoted, tmp_path)
+    # a point without traffic priced below a plain step: the watch interpolates through it, so it is refused
+    idle = (tmp / "watch.yaml").read_text().replace("  share: 0.5\n  plain_tps: 26", "  share: 0.0\n  plain_tps: 10")
+    (tmp / "idle-point.yaml").write_text(idle.replace("  share: 0.5\n", "  share: 1.0\n", 1))
 
     class Page(http.server.BaseHTTPRequestHandler):
         def log_message(self, *a) -> None:  # noqa: ANN002
@@ -207,6 +210,12 @@ def test_bad_input_is_one_line_and_exit_2(promoted, tmp_path):
     cases = {
         "not a serving engine's metrics endpoint": ["--endpoints", f"http://127.0.0.1:{page.server_address[1]}"],
         "no calibration by load": ["--endpoints", engine.url, "--profile", str(tmp / "lenient.yaml")],
+        "no dearer than plain decoding (break-even <= 1) at concurrency 8": [
+            "--endpoints",
+            engine.url,
+            "--profile",
+            str(tmp / "idle-point.yaml"),
+        ],
         "does not answer": ["--endpoints", "http://127.0.0.1:9"],
         "http(s) base URLs": ["--endpoints", "ftp://example"],
         "no sanctioned version holds staging": ["--endpoints", engine.url, "--alias", "staging"],

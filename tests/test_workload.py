@@ -271,3 +271,22 @@ def test_a_context_floor_holds_at_the_interval_low_end_on_enough_prompts():
     d = decide(_with_contexts((short, wide), floors), "production", "t")
     assert [r.rule for r in d.reasons if not r.ok] == ["context 512-2k"]
     assert decide(_with_contexts((short, replace(wide, ci_low=2.5)), floors), "production", "t").allowed
+
+
+def test_a_mix_of_classes_that_accept_nothing_is_exactly_one_whatever_the_shares_round_to(tmp_path):
+    """Shares may sum to 1 within 1e-6 (0.50000049 twice): they are normalised when read, and the mix is summed as
+    the excess over one token a cycle, so a drafter that accepts nothing scores exactly 1.000 with a zero-width
+    interval, never a hair above a break-even of 1.0000005."""
+    from serving.workload import mix_accept_len, mix_ci
+
+    nothing = [(8, 8), (16, 16), (5, 5)]
+    parts = [(0.50000049, nothing), (0.50000049, nothing)]
+    assert mix_accept_len(parts) == 1.0 and mix_ci(parts) == (1.0, 1.0)
+    from common.prompt_files import file_digest
+
+    for name in ("code", "docs"):
+        (tmp_path / f"{name}.jsonl").write_text("".join(f'{{"text": "{name} {i}"}}\n' for i in range(3)))
+    body = "".join(f"  - {{name: {n}, prompts: {n}.jsonl, sha256: {file_digest(tmp_path / f'{n}.jsonl')}, "
+                   "share: 0.50000049}\n" for n in ("code", "docs"))  # fmt: skip
+    classes = load_profile(str(_profile(tmp_path, "workload:\n" + body))).workload
+    assert sum(c.share for c in classes) == pytest.approx(1.0, abs=1e-15)

@@ -78,7 +78,9 @@ def deployment(profile: Profile) -> Deployment:
             if not target
             else f"profile {profile.name}'s calibration recorded no target digest: recalibrate"
         )
-    low = [(p.concurrency, be) for p in profile.serving_points() if (be := break_even_accept_len(p)) <= 1]
+    every = [profile.at(op) for op in profile.operating_points] or [profile]  # a point without traffic too: the
+    # watch reads every point, and a timing no dearer than a plain step is no timing wherever it sits
+    low = [(p.concurrency, be) for p in every if (be := break_even_accept_len(p)) <= 1]
     if low:
         conc, be = low[0]
         refusal = (
