@@ -84,6 +84,10 @@ def union_of(readers: list[Reader]) -> list[int]:
     return sorted({i for r in readers for i in r.layers})
 
 
+def union_said(readers: list[Reader]) -> str:
+    return "the union of " + " and ".join(f"{r.ref}'s ({r.method}) {list(r.layers)}" for r in readers)
+
+
 def checked_target(target: str, layers: list[int], readers: list[Reader]) -> tuple[Path, TargetConfig]:
     """The target's folder and config, the layers in its range and its width each drafter's: from the config
     alone, before any model or server starts."""

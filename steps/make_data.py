@@ -109,14 +109,14 @@ def run(args: argparse.Namespace) -> int:
         dataset_meta,
         regenerated,
         source_of,
+        union_said,
     )
 
     layers, drafter_ref, readers, records = parse(args)
     job = Capture.of(vars(args))
     folder, cfg = checked_target(args.target, layers, readers)
     if len(readers) > 1:
-        said = " and ".join(f"{r.ref}'s ({r.method}) {list(r.layers)}" for r in readers)
-        print(f"make_data: layers {layers}: the union of {said}; each trains on its own")
+        print(f"make_data: layers {layers}: {union_said(readers)}; each trains on its own")
     if args.print_server_command:
         print(shlex.join(capture_server_command(job, cfg, layers)))
         return 0

@@ -35,6 +35,7 @@ from pipeline.watching import (
 from registry.access import naming
 from registry.ledger import sanction
 from registry.ledger import watch as policy_
+from registry.ledger.deployment import free_cycles
 from registry.ledger.trust import load_trust
 from serving import drift
 from serving.profile import load_profile
@@ -108,10 +109,8 @@ def setup(c: Any, args: argparse.Namespace) -> State:
     profile = load_profile(args.profile)
     if not profile.operating_points:
         raise BadInput(f"profile {profile.name} has no calibration by load (operating_points): run calibrate first")
-    low = [op.concurrency for op in profile.operating_points if op.break_even(profile.draft_steps) <= 1]
-    if low:  # its break-evens would read any drafter as paying where a cycle is priced no dearer than a plain step
-        raise BadInput(f"profile {profile.name}: a cycle no dearer than plain decoding (break-even <= 1) at "
-                       f"concurrency {', '.join(map(str, low))}: fix the calibration")  # fmt: skip
+    if low := free_cycles(profile):  # its break-evens would read any drafter as paying there
+        raise BadInput(f"profile {profile.name}: break-even <= 1 at concurrency {low[0][0]}: fix the calibration")
     raw = dict(profile.watch)
     for key, given in (("action", args.policy), ("tolerance", args.tolerance)):
         if none_if_empty(given) is not None:

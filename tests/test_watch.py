@@ -210,7 +210,7 @@ def test_bad_input_is_one_line_and_exit_2(promoted, tmp_path):
     cases = {
         "not a serving engine's metrics endpoint": ["--endpoints", f"http://127.0.0.1:{page.server_address[1]}"],
         "no calibration by load": ["--endpoints", engine.url, "--profile", str(tmp / "lenient.yaml")],
-        "no dearer than plain decoding (break-even <= 1) at concurrency 8": [
+        "break-even <= 1 at concurrency 8: fix the calibration": [
             "--endpoints",
             engine.url,
             "--profile",

@@ -78,19 +78,25 @@ def deployment(profile: Profile) -> Deployment:
             if not target
             else f"profile {profile.name}'s calibration recorded no target digest: recalibrate"
         )
-    every = [profile.at(op) for op in profile.operating_points] or [profile]  # a point without traffic too: the
-    # watch reads every point, and a timing no dearer than a plain step is no timing wherever it sits
-    low = [(p.concurrency, be) for p in every if (be := break_even_accept_len(p)) <= 1]
+    low = free_cycles(profile)
     if low:
         conc, be = low[0]
+        where = "" if conc is None else f" at concurrency {conc}"
         refusal = (
             f"profile {profile.name}: a speculative cycle "
             + ("timed" if claims else "written as")
-            + f" no dearer than plain decoding (break-even {be:.3f} <= 1 at concurrency {conc}), which no real "
+            + f" no dearer than plain decoding (break-even {be:.3f} <= 1{where}), which no real "
             "engine does: it would pass a drafter that accepts nothing, so it stands as no evidence; "
             + ("remeasure with more rounds" if claims else "fix baseline_tps or the cycle's timings")
         )
     return Deployment(target, digest, trust, calibrated, basis, refusal, _precision(profile, target, calibrated))
+
+
+def free_cycles(profile: Profile) -> list[tuple[int | None, float]]:
+    """(concurrency, break-even) of every point priced no dearer than a plain step (break-even <= 1), a point without
+    traffic too: the watch reads every point, and such a timing is no timing wherever it sits."""
+    every = [profile.at(op) for op in profile.operating_points] or [profile]
+    return [(p.concurrency, be) for p in every if (be := break_even_accept_len(p)) <= 1]
 
 
 def _precision(profile: Profile, target: str, calibrated: bool) -> str:
