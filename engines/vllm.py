@@ -79,9 +79,9 @@ def server_command(python: Path, model: Path, port: int, s: Settings, drafter: P
 
 def vllm_method(drafter: Path, method: str | None = None) -> str:
     """vLLM's speculative method for a drafter: the named draft method's, else its folder's (drafter/methods)."""
-    from drafter.methods import folder_method_or_default, named
+    from drafter.methods import method_for
 
-    return (named(method) if method else folder_method_or_default(drafter)).VLLM_METHOD
+    return method_for(drafter, method).VLLM_METHOD
 
 
 def server_env(cpu: bool, base: dict[str, str] | None = None) -> dict[str, str]:

@@ -122,7 +122,7 @@ def judge(c: Any, terms: Terms, moved: list[str] = ()) -> Judgement:
     lines = [f"promote models:/{mv.name}/{mv.version} to {stage} on {profile.name}:", "",
              "| rule | verdict | detail |", "|---|---|---|"]  # fmt: skip
     lines += [f"| {r.rule} | {'ok' if r.ok else 'NO'} | {r.detail} |" for r in decision.reasons]
-    depth = recommended_depth(_priced(profile, mv), candidate)
+    depth = recommended_depth(candidate.priced or profile, candidate)  # priced as the version's own cycle
     if depth:
         lines.append(f"\nserve at: {depth} (evaluated at k={profile.draft_steps}; another depth is another deployment)")
     if note:
@@ -211,16 +211,6 @@ def gap_metrics(ev) -> dict[str, float]:
     if ev.ci_low is not None:
         out |= {"accept_len_ci_low": ev.ci_low, "ci_low_shortfall": be - ev.ci_low}
     return out
-
-
-def _priced(profile, mv):
-    """The profile as this version's own cycle prices it (its method's shape, its step's size): a block drafter is
-    offered only the width it was measured at, as evaluate offers it."""
-    from drafter.analysis.step_cost import priced_for_folder
-    from registry.access import store
-
-    _, folder = store.version_folder(f"models:/{mv.name}/{mv.version}")
-    return priced_for_folder(profile, folder)[1]
 
 
 def recommended_depth(profile, ev) -> str:

@@ -58,6 +58,11 @@ def folder_method_or_default(folder: str | Path) -> ModuleType:
     return DEFAULT if found is None else found[0]
 
 
+def method_for(folder: str | Path, name: str | None = None) -> ModuleType:
+    """The method `name` says (a folder not yet where it will be served from: export's serve.sh), else the folder's."""
+    return named(name) if name else folder_method_or_default(folder)
+
+
 def require_fit(folder: str | Path, target: str | Path, refusal: str) -> None:
     """The shape gate's checks from headers, by the drafter's own method: bad input (`refusal: what differs`) when
     the drafter cannot run on the target, so nothing is measured or exported with a drafter that does not fit."""

@@ -371,13 +371,11 @@ def _setup(model: Eagle3Drafter, dataset: Any, cfg: TrainConfig, val_dataset: An
     """Checks, the validation split, the process group, the DeepSpeed engine, and a resumed checkpoint."""
     import deepspeed
 
-    check_fit(model.config, dataset)
     if cfg.max_steps < 1 or cfg.batch_size < 1 or cfg.ttt_length < 1:
         raise BadInput("max_steps, batch_size and ttt_length must be >= 1")
     check_depth(model.config, cfg.ttt_length, "ttt_length")
     check_depth(model.config, cfg.val_draft_steps, "the validation's draft steps")
-    if val_dataset is not None:
-        check_fit(model.config, val_dataset)
+    if val_dataset is not None:  # both checked by train(), which hands them in as the drafter reads them
         train_idx, val_idx = list(range(len(dataset))), list(range(len(val_dataset)))
     else:
         train_idx, val_idx = split_indices(len(dataset), cfg.val_fraction, cfg.seed)

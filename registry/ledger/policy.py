@@ -16,6 +16,7 @@ staging: (1) (a config-only gate will do), (2) and the mix's accept_len > break-
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from registry.access import naming
 from serving.workload import ClassFigure
@@ -47,6 +48,7 @@ class Evidence:
     contexts: tuple[ClassFigure, ...] | None = None  # per context bucket (None: measured without lengths)
     context_floors: tuple[tuple[str, float], ...] = ()  # the profile's floors per context bucket
     findings: tuple[str, ...] = ()  # runs that claim to be evidence and are not: ignored, and said
+    priced: Any = None  # the profile as this version's own cycle prices it (drafter/analysis/step_cost)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ def recompute(c: Any, mv: Any, profile: Profile, dep: Any = None, holder: bool =
     from drafter.analysis.compat import verdict
     from drafter.methods import folder_method_or_default
     from registry.access import store
-    from registry.ledger.deployment import deployment
+    from registry.ledger.deployment import deployment, free_cycles
     from registry.ledger.lineage import lineage, overlap
 
     dep = dep or deployment(profile)
@@ -66,15 +66,16 @@ def recompute(c: Any, mv: Any, profile: Profile, dep: Any = None, holder: bool =
     base = Evidence(str(mv.version), gate, dep.target or None, classes=(), min_share=profile.min_share,
                     class_floor=profile.class_floor, contaminated=contaminated, operating_points=ops,
                     basis=basis, lineage_problems=tuple(known.problems),
-                    context_floors=profile.context_floors, findings=tuple(findings))  # fmt: skip
-    low = next(((p.concurrency, be) for p in points if (be := break_even_accept_len(p)) <= 1), None)
+                    context_floors=profile.context_floors, findings=tuple(findings), priced=priced)  # fmt: skip
     if dep.refusal:
         return _with(base, note=dep.refusal)
-    if low is not None:  # the profile as written is above 1, but this drafter's own cycle is priced below it
-        where = "" if low[0] is None else f" at concurrency {low[0]}"
+    low = free_cycles(priced)  # the profile as written is above 1; this drafter's own cycle may be priced below it
+    if low:
+        conc, be = low[0]
+        where = "" if conc is None else f" at concurrency {conc}"
         note = (
             f"profile {profile.name}, priced for this drafter (a {priced.draft_shape} cycle): its cycle costs no "
-            f"more than plain decoding (break-even {low[1]:.3f} <= 1{where}), so a drafter that accepts nothing "
+            f"more than plain decoding (break-even {be:.3f} <= 1{where}), so a drafter that accepts nothing "
             "would pass; it stands as no evidence"
         )
         return _with(base, note=note)
