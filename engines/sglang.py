@@ -43,10 +43,10 @@ def server_command(python: Path, model: Path, port: int, s: Settings, drafter: P
 def speculative_flags(drafter: Path, k: int, method: str | None = None) -> list[str]:
     """SGLang's flags for the drafter's method at k drafts a cycle: a chain (EAGLE3) drafts k steps of top-1; a
     block (DFLASH) drafts its k in one pass, so only the verify width, k + 1 with the bonus token, is said."""
-    from drafter.methods import method_for
+    from drafter.methods import method_for, sglang_algorithm
 
     m = method_for(drafter, method)
-    flags = ["--speculative-algorithm", m.SGLANG_ALGORITHM, "--speculative-draft-model-path", str(drafter)]
+    flags = ["--speculative-algorithm", sglang_algorithm(m), "--speculative-draft-model-path", str(drafter)]
     if m.SHAPE == "chain":
         flags += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1"]
     return flags + ["--speculative-num-draft-tokens", str(k + 1)]

@@ -70,18 +70,20 @@ def server_command(python: Path, model: Path, port: int, s: Settings, drafter: P
         "--enforce-eager", "--generation-config", "vllm",
     ]  # fmt: skip
     if drafter is not None:
-        spec = {"method": vllm_method(drafter, method), "model": str(drafter), "num_speculative_tokens": s.k}
+        spec = {**vllm_spec(drafter, method), "model": str(drafter), "num_speculative_tokens": s.k}
         cmd += ["--speculative-config", json.dumps(spec)]
     if drafter is not None or speculates:
         cmd += ["--per-request-spec-decode-metrics", "summary"]
     return cmd
 
 
-def vllm_method(drafter: Path, method: str | None = None) -> str:
-    """vLLM's speculative method for a drafter: the named draft method's, else its folder's (drafter/methods)."""
-    from drafter.methods import method_for
+def vllm_spec(drafter: Path, method: str | None = None) -> dict:
+    """vLLM's speculative method for a drafter and the flags it needs beside it (P-EAGLE's parallel_drafting):
+    the named draft method's, else its folder's (drafter/methods)."""
+    from drafter.methods import method_for, vllm_flags
 
-    return method_for(drafter, method).VLLM_METHOD
+    m = method_for(drafter, method)
+    return {"method": m.VLLM_METHOD, **vllm_flags(m)}
 
 
 def server_env(cpu: bool, base: dict[str, str] | None = None) -> dict[str, str]:

@@ -10,7 +10,7 @@ It replays the seed's story in miniature with real trained models:
    from 20x more conversations than the K2.5 fine-tuning set, saved like AQ-MedAI's release;
 6. (`--stage families`, over the pool) the K2.5-era public drafters of every family, trained for k2.5-mini
    and shipped in their exporters' layouts (miniworld/families.py).
-7. (`--stage methods`, over the pool) the public drafters of the other draft methods (DFlash), trained for
+7. (`--stage methods`, over the pool) the public drafters of the other draft methods (DFlash, P-EAGLE), trained for
    k2.5-mini and shipped in their makers' layouts (miniworld/methods.py).
 Figures and hashes land in miniworld/build_record.json.
 """
@@ -18,6 +18,7 @@ Figures and hashes land in miniworld/build_record.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import math
@@ -627,12 +628,13 @@ def build(cfg: BuildConfig, out: Path, stage: str = "all") -> dict:
 
 def drafters_stage(cfg: BuildConfig, out: Path, stage: str, build_them, names: list[str], quick: bool = False) -> dict:
     """Drafters trained over an earlier full build (`build_them(out, capture_set, aux, seed, quick)` returns their
-    figures), recorded under `stage` with their files' hashes."""
+    figures), recorded under `stage` with their files' hashes; the stage's other drafters keep their figures."""
     record = json.loads((out / "build_record.json").read_text())
     if record.get("config") != asdict(cfg):
         raise SystemExit(f"--stage {stage} needs an earlier full build with the same settings")
     t0 = time.perf_counter()
-    record.setdefault("figures", {})[stage] = build_them(out, capture_set, AUX_LAYERS, cfg.seed, quick)
+    figures = record.setdefault("figures", {})
+    figures[stage] = {**figures.get(stage, {}), **build_them(out, capture_set, AUX_LAYERS, cfg.seed, quick)}
     record.setdefault("stage_seconds", {})[stage] = time.perf_counter() - t0
     for name in names:
         record["artifacts"][name] = sha256_tree(out / name)
@@ -647,11 +649,16 @@ def build_families_stage(cfg: BuildConfig, out: Path, quick: bool = False) -> di
     return drafters_stage(cfg, out, "families", build_families, [r.name for r in RECIPES], quick)
 
 
-def build_methods_stage(cfg: BuildConfig, out: Path, quick: bool = False) -> dict:
-    """The other draft methods' public drafters (miniworld/methods.py) over an earlier full build."""
-    from miniworld.methods import DFLASH, build_methods
+def build_methods_stage(cfg: BuildConfig, out: Path, quick: bool = False, only: tuple[str, ...] = ()) -> dict:
+    """The other draft methods' public drafters (miniworld/methods.py; `only` these) over an earlier full build."""
+    from miniworld.methods import NAMES, build_methods
 
-    return drafters_stage(cfg, out, "methods", build_methods, [DFLASH["name"]], quick)
+    names = only or NAMES
+    unknown = sorted(set(names) - set(NAMES))
+    if unknown:
+        raise SystemExit(f"--drafter {', '.join(unknown)}: not a drafter of this stage (known: {', '.join(NAMES)})")
+    build = functools.partial(build_methods, only=names)
+    return drafters_stage(cfg, out, "methods", build, list(names), quick)
 
 
 def main() -> None:
@@ -667,9 +674,11 @@ def main() -> None:
         help="'drafter': retrain aq-mini-eagle3 only; 'pool': write the K2.5 conversation pool; 'workload': write the "
         "traffic classes of the deployment profile; 'long': its long-context class; 'families': the K2.5-era "
         "drafters of every family (MLA/TorchSpec, ModelOpt, speculators); 'methods': the other draft methods' "
-        "public drafters (DFlash); each over an "
+        "public drafters (DFlash, P-EAGLE); each over an "
         "earlier full build in --out",
     )
+    p.add_argument("--drafter", action="append", default=[], help="with --stage methods: build only this drafter "
+                   "(repeatable; default: every method's)")  # fmt: skip
     args = p.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     cfg = BuildConfig()
@@ -695,7 +704,12 @@ def main() -> None:
         print(json.dumps(build_families_stage(cfg, Path(args.out), args.quick)["figures"]["families"], indent=2))
         return
     if args.stage == "methods":
-        print(json.dumps(build_methods_stage(cfg, Path(args.out), args.quick)["figures"]["methods"], indent=2))
+        print(
+            json.dumps(
+                build_methods_stage(cfg, Path(args.out), args.quick, tuple(args.drafter))["figures"]["methods"],
+                indent=2,
+            )
+        )
         return
     if args.stage == "long":
         print(json.dumps(build_long(cfg, Path(args.out))["workload"]["classes"]["long"], indent=2))

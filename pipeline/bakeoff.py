@@ -264,7 +264,9 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
     winner = next((label for label in ranking.order if label not in flags), None)  # a flagged one never is
     verdict = report.verdict(ranking, figures, be, profile.name, incumbent, flags)
     if len({m.NAME for m in methods.values()}) > 1 and ranking.order:  # the answer names its method
-        verdict += f" It is a {methods[ranking.order[0]].NAME} drafter, each priced at its own method's cycle."
+        verdict += (
+            f" Its method: {methods[ranking.order[0]].LABEL}; each candidate is priced at its own method's cycle."
+        )
     if flipped:
         verdict += " " + " ".join(flipped)
     code, final, promotion = 0, "ranked; nothing promoted (no --promote)", ""

@@ -58,5 +58,5 @@ def test_compare_ranks_a_dflash_drafter_beside_an_eagle3_one_each_at_its_own_bre
                                    "--out", str(tmp_path / "exp"), "--draft_steps", "3"], tmp_path)  # fmt: skip
     assert exported.returncode == 0, exported.stdout + exported.stderr[-2000:]
     assert '"method": "dflash"' in (tmp_path / "exp" / "serve.sh").read_text()
-    first = "dflash" if "zl-mini-dflash" in ranked[0] else "eagle3"
-    assert f"It is a {first} drafter, each priced at its own method's cycle." in out
+    first = "DFlash" if "zl-mini-dflash" in ranked[0] else "EAGLE-3"
+    assert f"Its method: {first}; each candidate is priced at its own method's cycle." in out

@@ -54,10 +54,31 @@ def test_each_method_is_served_by_its_own_vllm_method(tmp_path):
     assert folder_method_or_default(ROOT / "miniworld/zl-mini-dflash") is dflash
     assert folder_method_or_default(ROOT / "miniworld/aq-mini-eagle3") is DEFAULT is eagle3
     s = Settings(k=3, max_new_tokens=8)
-    for folder, method in (("zl-mini-dflash", "dflash"), ("aq-mini-eagle3", "eagle3")):
+    for folder, method in (("zl-mini-dflash", "dflash"), ("aq-mini-eagle3", "eagle3"), ("pe-mini-peagle", "eagle3")):
         cmd = server_command(Path("python"), tmp_path, 8000, s, ROOT / "miniworld" / folder)
         spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
         assert spec["method"] == method and spec["num_speculative_tokens"] == 3
+        assert spec.get("parallel_drafting", False) is (folder == "pe-mini-peagle")  # P-EAGLE: all k in one pass
+
+
+def test_p_eagle_exports_for_vllm_under_its_eagle3_name_and_is_refused_by_sglang_by_name(tmp_path):
+    from common.errors import BadInput
+    from drafter.methods import folder_method_or_default, peagle
+    from engines.sglang import speculative_flags
+
+    mini = ROOT / "miniworld/pe-mini-peagle"
+    with pytest.raises(BadInput, match="SGLang has not merged P-EAGLE"):
+        peagle.export_for(mini, tmp_path / "s", "sglang", 3)
+    with pytest.raises(BadInput, match="SGLang has not merged P-EAGLE"):
+        speculative_flags(mini, 3)
+    aux = peagle.export_for(mini, tmp_path / "v", "vllm", 7)
+    raw = json.loads((tmp_path / "v" / "config.json").read_text())
+    assert raw["architectures"] == ["LlamaForCausalLMEagle3"]  # vLLM 0.32 would rename PEagleDraftModel
+    assert raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == aux["handed_ids"] == [2, 4, 5]
+    assert aux["target_layer_outputs_fed"] == [1, 3, 4] and raw["mask_token_id"] == raw["ptd_token_id"] == 0
+    assert folder_method_or_default(tmp_path / "v") is peagle  # the exported folder still says what it is
+    assert peagle.folder_config(tmp_path / "v").aux_layer_ids == [1, 3, 4]  # read back in the project's reading
+    assert (tmp_path / "v" / "model.safetensors").read_bytes() == (mini / "model.safetensors").read_bytes()
 
 
 def test_the_dflash_export_writes_the_yarn_factor_and_refuses_what_it_cannot_serve(tmp_path):

@@ -18,6 +18,9 @@ class ScriptedDrafter:
         self.context: list[int] = []
         self.gen = torch.Generator().manual_seed(seed)
 
+    def new_cache(self):
+        return self.real.new_cache()
+
     def extend(self, cache, next_ids, aux):
         if not self.context:
             self.context = [-1]  # placeholder for token 0, unknown to the drafter

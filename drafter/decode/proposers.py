@@ -1,5 +1,6 @@
 """What the decoding loop asks of a drafter, one adapter per drafting shape: a chain (EAGLE-3, k passes a
-cycle) or a block (DFlash, one pass a cycle). The loop in drafter/decode/speculate.py is the same for both.
+cycle; P-EAGLE, whose `propose` drafts its k in one pass over the same cache) or a block (DFlash, one pass a
+cycle). The loop in drafter/decode/speculate.py is the same for both.
 
 `begin` sees the prompt's target states and the first token; `propose` drafts k tokens (with their
 distributions, for lossless sampling); `advance` takes the tokens a cycle emitted and the target's states of the
@@ -13,7 +14,7 @@ from typing import Protocol
 import torch
 
 from drafter.model.dflash import BlockContext, DFlashDrafter
-from drafter.model.eagle3 import DraftCache, Eagle3Drafter
+from drafter.model.eagle3 import Eagle3Drafter
 
 
 class Proposer(Protocol):
@@ -30,7 +31,7 @@ class ChainProposer:
     """EAGLE-3: the drafter pairs each token with the target state before it, and drafts step by step."""
 
     def __init__(self, drafter: Eagle3Drafter) -> None:
-        self.drafter, self.cache = drafter, DraftCache()
+        self.drafter, self.cache = drafter, drafter.new_cache()
         self.hidden = torch.empty(0)
 
     def begin(self, prompt: torch.Tensor, first: int, aux: torch.Tensor) -> None:

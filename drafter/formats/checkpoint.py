@@ -252,15 +252,7 @@ def load_drafter(
         raise BadInput(f"{folder}: checkpoint does not match its config: " + "; ".join(problems))
     with torch.device("meta"):  # no random weights first: at real width that was a second, fp32 copy (9.5 GB)
         model = Eagle3Drafter(cfg)
-    state = {}
-    for fname in sorted({info.file for info in header.values()}):
-        with safe_open(str(folder / fname), framework="pt") as fh:
-            for name in fh.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                tensor = fh.get_tensor(name)
-                if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-                    bad = int((~torch.isfinite(tensor)).sum())
-                    raise BadInput(f"{folder / fname}: tensor '{name}' has {bad} NaN/Inf values")
-                state[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+    state = finite_state(folder, header, dtype)
     validate_vocab_maps(state["d2t"], state["t2d"], cfg.draft_vocab_size, cfg.vocab_size, where=str(folder))
     has_embedding = EMBED in state
     if not has_embedding and embedding is not None:
@@ -277,6 +269,20 @@ def load_drafter(
     model.rotary = Rotary(cfg.rope_dim, cfg.rope, cfg.max_position_embeddings)  # not in the file: computed
     model.has_embedding = has_embedding
     return model
+
+
+def finite_state(folder: Path, header: dict[str, TensorInfo], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Every tensor of a checked folder, floating ones at `dtype`; bad input naming the tensor with NaN or Inf."""
+    state = {}
+    for fname in sorted({info.file for info in header.values()}):
+        with safe_open(str(folder / fname), framework="pt") as fh:
+            for name in fh.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                tensor = fh.get_tensor(name)
+                if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                    bad = int((~torch.isfinite(tensor)).sum())
+                    raise BadInput(f"{folder / fname}: tensor '{name}' has {bad} NaN/Inf values")
+                state[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+    return state
 
 
 def state_for_saving(model: Eagle3Drafter, include_embedding: bool, dtype: torch.dtype) -> dict[str, torch.Tensor]:

@@ -1,13 +1,15 @@
 """Draft methods, one module each (one registration line each): EAGLE-3, the project's own format and the
 default, and the others, found by their config.
 
-Every method module gives `NAME`, `VLLM_METHOD` and `SGLANG_ALGORITHM` (the engines' names for it), `SHAPE`
-(chain or block),
+Every method module gives `NAME`, `LABEL` (as a user writes it), `VLLM_METHOD` and `SGLANG_ALGORITHM` (the
+engines' names for it), `SHAPE` (chain or block),
 `drafter_passes(k)` (what its cycle costs in drafter passes), `reads` (the target layers and width it reads),
 `fit_checks` (the gate's checks against a target),
-`check_width`, `load` and `offline_stats`. The others also give `detect(raw config) -> bool`, `read_config` (every
-field checked), `checked_header`, `pass_parameters`, `save` and `export_for` (their makers' layout). EAGLE-3 is
-read by drafter/formats and gated by drafter/analysis/compat.
+`check_width`, `load` and `offline_stats`; `VLLM_FLAGS` (beside `method` in vLLM's speculative config) and
+`SGLANG_REFUSAL` where SGLang cannot serve it (`SGLANG_ALGORITHM` None). The others also give
+`detect(raw config) -> bool`, `read_config` (every field checked), `checked_header`, `pass_parameters`,
+`save` and `export_for` (their makers' layout). EAGLE-3 is read by drafter/formats and gated by
+drafter/analysis/compat.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from types import ModuleType
 from typing import Any
 
 from common.errors import BadInput
-from drafter.methods import dflash, eagle3
+from drafter.methods import dflash, eagle3, peagle
 
 DEFAULT = eagle3
-METHODS: tuple[ModuleType, ...] = (dflash,)  # detected by config; anything else is read as DEFAULT
+METHODS: tuple[ModuleType, ...] = (dflash, peagle)  # detected by config; anything else is read as DEFAULT
 
 
 def method_of(raw: dict[str, Any]) -> ModuleType | None:
@@ -61,6 +63,18 @@ def folder_method_or_default(folder: str | Path) -> ModuleType:
 def method_for(folder: str | Path, name: str | None = None) -> ModuleType:
     """The method `name` says (a folder not yet where it will be served from: export's serve.sh), else the folder's."""
     return named(name) if name else folder_method_or_default(folder)
+
+
+def vllm_flags(m: ModuleType) -> dict[str, Any]:
+    """What vLLM's --speculative-config needs beside `method` for this method (P-EAGLE: parallel_drafting)."""
+    return dict(getattr(m, "VLLM_FLAGS", {}))
+
+
+def sglang_algorithm(m: ModuleType) -> str:
+    """SGLang's --speculative-algorithm for this method; bad input naming why where SGLang cannot serve it."""
+    if m.SGLANG_ALGORITHM is None:
+        raise BadInput(m.SGLANG_REFUSAL)
+    return m.SGLANG_ALGORITHM
 
 
 def require_fit(folder: str | Path, target: str | Path, refusal: str) -> None:

@@ -22,6 +22,7 @@ from drafter.analysis.compat import Check
 from drafter.model.dflash import DFlashConfig
 
 NAME = "dflash"
+LABEL = "DFlash"  # as a user writes it
 VLLM_METHOD = "dflash"  # vLLM's speculative_config method (vllm/v1/spec_decode/dflash.py)
 SGLANG_ALGORITHM = "DFLASH"  # --speculative-algorithm (SGLang PR #16818)
 SHAPE = "block"  # one drafter pass a cycle drafts the whole block

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 NAME = "eagle3"
+LABEL = "EAGLE-3"  # as a user writes it
 VLLM_METHOD = "eagle3"
 SGLANG_ALGORITHM = "EAGLE3"  # --speculative-algorithm
 SHAPE = "chain"  # k drafter passes a cycle, one draft each

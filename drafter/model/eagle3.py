@@ -64,13 +64,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: DrafterConfig) -> None:
+    def __init__(self, cfg: DrafterConfig, in_features: int | None = None) -> None:
+        """`in_features`: 2 x hidden (the embedding and the state side by side) unless said (a later layer)."""
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
+        w = 2 * h if in_features is None else in_features
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
-        self.q_proj = nn.Linear(2 * h, self.n_heads * d, bias=False)
-        self.k_proj = nn.Linear(2 * h, self.n_kv * d, bias=False)
-        self.v_proj = nn.Linear(2 * h, self.n_kv * d, bias=False)
+        self.q_proj = nn.Linear(w, self.n_heads * d, bias=False)
+        self.k_proj = nn.Linear(w, self.n_kv * d, bias=False)
+        self.v_proj = nn.Linear(w, self.n_kv * d, bias=False)
         self.o_proj = nn.Linear(self.n_heads * d, h, bias=False)
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -420,6 +422,25 @@ class Eagle3Drafter(nn.Module):
         out = out.transpose(1, 2).reshape(1, n_new, -1)
         return self.carry(self.midlayer.finish(out, hidden)), k, v
 
+    def new_cache(self) -> DraftCache:
+        """An empty cache of this drafter's verified positions (decoding starts one a sequence)."""
+        return DraftCache()
+
+    def draft_of(
+        self, logits: torch.Tensor, temperature: float, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the target-vocab draft, its distribution over the target vocabulary) of one row of draft-vocab logits:
+        sampled at a temperature, else the argmax (a one-hot distribution, for lossless rejection sampling)."""
+        if temperature > 0:
+            probs_d = torch.softmax(logits / temperature, dim=-1)
+            draft = torch.multinomial(probs_d, 1, generator=generator)[0]
+        else:
+            probs_d = F.one_hot(logits.argmax(), logits.shape[-1]).float()
+            draft = logits.argmax()
+        full = torch.zeros(self.config.vocab_size, dtype=torch.float32, device=logits.device)
+        full[self.t2d] = probs_d  # draft ids are the true entries of t2d, in order
+        return self.draft_to_target(draft), full
+
     @torch.no_grad()
     def extend(self, cache: DraftCache, next_ids: torch.Tensor, aux_hidden: torch.Tensor) -> torch.Tensor:
         """Add positions to the cache: next_ids[i] is the token after the one aux_hidden[i] belongs to.
@@ -456,21 +477,12 @@ class Eagle3Drafter(nn.Module):
         extra_v: list[torch.Tensor] = []
         base = cache.length - 1
         for j in range(k):
-            logits = self.logits(hidden)[0, -1].float()
-            if temperature > 0:
-                probs_d = torch.softmax(logits / temperature, dim=-1)
-                draft = torch.multinomial(probs_d, 1, generator=generator)[0]
-            else:
-                probs_d = F.one_hot(logits.argmax(), logits.shape[-1]).float()
-                draft = logits.argmax()
-            full = torch.zeros(self.config.vocab_size, dtype=torch.float32, device=logits.device)
-            full[self.t2d] = probs_d  # draft ids are the true entries of t2d, in order
-            token = self.draft_to_target(draft)
+            token, full = self.draft_of(self.logits(hidden)[0, -1].float(), temperature, generator)
             tokens.append(token)
             dists.append(full)
             if j == k - 1:
                 break
-            positions = torch.tensor([base + j + 1], device=logits.device)
+            positions = torch.tensor([base + j + 1], device=token.device)
             hidden, kk, vv = self._step(token.view(1, 1), hidden, positions, cache, extra_k, extra_v)
             extra_k.append(kk)
             extra_v.append(vv)

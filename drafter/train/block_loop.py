@@ -1,12 +1,15 @@
-"""Training a DFlash drafter on captured target states (drafter/train/block_objective.py), plain PyTorch.
+"""Training a one-pass drafter on captured target states, plain PyTorch: DFlash's blocks
+(drafter/train/block_objective.py) by default, or any objective a method gives (P-EAGLE's,
+drafter/train/parallel_objective.py).
 
-Used by the mini world's build for its public DFlash drafter; the same objective and batches serve any caller.
+Used by the mini world's build for its public DFlash and P-EAGLE drafters; the same batches serve any caller.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,27 +58,41 @@ def _lr(step: int, cfg: BlockTrainConfig) -> float:
     return cfg.peak_lr * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, cfg.steps - warm)))
 
 
+StepLoss = Callable[[Any, Any, torch.Generator], torch.Tensor]  # (model, batch, generator) -> loss
+
+
+def dflash_loss(cfg: BlockTrainConfig) -> StepLoss:
+    """DFlash's step: `cfg.anchors` blocks a sample, redrawn every step."""
+    return lambda model, batch, gen: (
+        block_forward(model, batch, sample_anchors(batch, cfg.anchors, gen), cfg.gamma).loss
+    )
+
+
 def train_block(
-    model: DFlashDrafter, dataset: Any, indices: list[int], cfg: BlockTrainConfig, progress: bool = True
-) -> BlockTrainResult:
-    """AdamW with warmup and cosine decay over `cfg.steps` batches of `indices`, anchors redrawn every step."""
-    dataset = layers_for(dataset, list(model.config.target_layer_ids))
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.peak_lr, weight_decay=0.0)
+    model: Any, dataset: Any, indices: list[int], cfg: BlockTrainConfig, progress: bool = True,
+    step_loss: StepLoss | None = None, desc: str = "dflash",
+) -> BlockTrainResult:  # fmt: skip
+    """AdamW with warmup and cosine decay over `cfg.steps` batches of `indices`; `step_loss` the method's
+    (DFlash's blocks by default), its anchors redrawn every step from the seed."""
+    dataset = layers_for(dataset, list(model.config.aux_layer_ids))
+    step_loss = step_loss or dflash_loss(cfg)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.peak_lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg.seed)
     out = BlockTrainResult(0.0)
     start = time.perf_counter()
     model.train()
-    for step in tqdm(range(cfg.steps), desc="dflash", disable=not progress):
+    params = [p for p in model.parameters() if p.requires_grad]
+    for step in tqdm(range(cfg.steps), desc=desc, disable=not progress):
         batch = collate([dataset[i] for i in batch_indices(indices, cfg.batch_size, cfg.seed, step)], cfg.max_len)
         for group in opt.param_groups:
             group["lr"] = _lr(step, cfg)
-        res = block_forward(model, batch, sample_anchors(batch, cfg.anchors, gen), cfg.gamma)
+        loss = step_loss(model, batch, gen)
         opt.zero_grad(set_to_none=True)
-        res.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         if step % 50 == 0 or step == cfg.steps - 1:
-            out.history.append({"step": step, "loss": float(res.loss.detach())})
+            out.history.append({"step": step, "loss": float(loss.detach())})
     model.eval()
     out.seconds = time.perf_counter() - start
     return out
@@ -86,7 +103,7 @@ def block_stats(
     model: DFlashDrafter, dataset: Any, indices: list[int], k: int, anchors: int = 32, seed: int = 0
 ) -> tuple[float, list[float]]:
     """Teacher-forced (simulated accept_len at k drafts, conditional acceptance by position) on held-out samples."""
-    dataset = layers_for(dataset, list(model.config.target_layer_ids))
+    dataset = layers_for(dataset, list(model.config.aux_layer_ids))
     gen = torch.Generator().manual_seed(seed)
     correct, valid = [], []
     for batch in iterate_batches(dataset, indices, 8, shuffle=False):

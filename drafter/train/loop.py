@@ -192,10 +192,12 @@ def check_fit(cfg: DrafterConfig, dataset: Any) -> Any:
     return layers_for(dataset, list(cfg.aux_layer_ids))
 
 
-def scratch_drafter(cfg: DrafterConfig, dataset: Any, train_indices: list[int], seed: int = 0) -> Eagle3Drafter:
-    """Random weights, vocab maps from the training data's token counts, the target's embedding."""
+def scratch_drafter(cfg: DrafterConfig, dataset: Any, train_indices: list[int], seed: int = 0,
+                    model: Eagle3Drafter | None = None) -> Eagle3Drafter:  # fmt: skip
+    """Random weights, vocab maps from the training data's token counts, the target's embedding; `model`: a
+    network of another EAGLE-3 method over `cfg` (P-EAGLE's), else EAGLE-3's own."""
     dataset = check_fit(cfg, dataset)
-    model = Eagle3Drafter(cfg)
+    model = Eagle3Drafter(cfg) if model is None else model
     model.init_weights(seed)
     d2t, t2d = build_vocab_maps(token_counts(dataset, cfg.vocab_size, train_indices), cfg.draft_vocab_size)
     model.d2t.copy_(d2t)
