@@ -39,8 +39,8 @@ SPEC = Spec(
         Param(
             "bakeoff",
             default="families",
-            help="end with `compare`: the three drafters and the mini world's K2.5-era family drafters (families), "
-            "the three alone (drafters), or no bake-off",
+            help="end with `compare`: the three drafters and the mini world's public ones, every family and method "
+            "(families), the three alone (drafters), or no bake-off",
             choices=("families", "drafters", "no"),
         ),
         Param(
@@ -171,12 +171,12 @@ def evaluate_all(p: Pipeline, c: Any, chain: Chain, args: argparse.Namespace) ->
         chain.results[label] = (version, c.get_run(ev_run).data.metrics)
 
 
-FAMILY_DRAFTERS = ("ls-mini-eagle3-mla", "nv-mini-eagle3", "rh-mini-eagle3")  # miniworld/families.py
+FAMILY_DRAFTERS = ("ls-mini-eagle3-mla", "nv-mini-eagle3", "rh-mini-eagle3", "zl-mini-dflash", "pe-mini-peagle")
 
 
 def bake_off(p: Pipeline, c: Any, chain: Chain, args: argparse.Namespace) -> tuple[list[str], str]:
-    """`compare` of the three drafters (their evidence reused) and the K2.5-era family drafters, paired on
-    the profile's workload: its ranking for the summary, and its verdict (the summary's first sentence)."""
+    """`compare` of the three drafters (their evidence reused) and the public ones (miniworld/families.py, methods.py),
+    paired on the profile's workload: its ranking for the summary, and its verdict (the summary's first sentence)."""
     if args.bakeoff == "no":
         return [], ""
     candidates = [f"models:/{chain.name}/{v}" for v in chain.drafters.values()]
