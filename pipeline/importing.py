@@ -220,7 +220,7 @@ def register(staged: Staged, source: str, target: str, open_run: OpenRun, asked:
     card = model_card(folder)
     trained_for = naming.target_slug(trained_for or card.get("base_model", "unknown"))
     target = str(Path(target).resolve()) if Path(target).exists() else str(target)
-    name = name or naming.model_name_for(target)
+    name = name or naming.model_name_for(target, staged.converted.get("method", "eagle3"))
     c = store.client()
     with store.registry_lock():  # a concurrent import of the same weights sees this one
         store.ensure_registered_model(c, name, target)

@@ -176,9 +176,9 @@ def publish_setup(args: argparse.Namespace, request: FinetuneRequest, recipe: An
             "packing": args.packing, "memory_limit_gib": request.memory_limit,
         }
     )  # fmt: skip
-    plan = recipe.memory_plan
-    mlflow.log_dict(plan.to_json(), "memory_plan.json")
-    mlflow.log_metrics({"memory_plan_per_rank_gib": plan.per_rank / GIB, "memory_available_gib": plan.available / GIB})
+    if plan := recipe.memory_plan:  # None: another draft method's trial, which the plan does not model
+        mlflow.log_metrics({"memory_plan_per_rank_gib": plan.per_rank / GIB, "memory_available_gib": plan.available / GIB})  # noqa: E501  # fmt: skip
+    mlflow.log_dict(plan.to_json() if plan else {"planned": False, "why": "not an EAGLE-3 drafter"}, "memory_plan.json")
     mlflow.set_tags(
         {
             "dataset_digest": recipe.dataset.digest,

@@ -15,10 +15,15 @@ from drafter.model.config import DrafterConfig
 from drafter.train.loop import TrainConfig, load_ds_config
 
 
-def init_config(init: str, arch: str) -> DrafterConfig:
-    """The drafter config `init` names, reading config.json only (no weights)."""
+def init_config(init: str, arch: str) -> DrafterConfig | None:
+    """The drafter config `init` names, reading config.json only (no weights); None for a warm start of another
+    draft method, whose one-pass trial the plan does not model (drafter/train/one_pass.py)."""
     if init == "scratch":
-        return _eagle3_config(Path(arch) / "config.json" if Path(arch).is_dir() else Path(arch), init)
+        cfg = _eagle3_config(Path(arch) / "config.json" if Path(arch).is_dir() else Path(arch), init)
+        if cfg is None:
+            raise BadInput(f"--arch {arch}: another draft method's config; finetune trains one from a warm start only "
+                           "(--init its folder or version): from scratch is not built")  # fmt: skip
+        return cfg
     if init.startswith("models:/"):
         from registry.access import store
 
@@ -39,9 +44,9 @@ def init_config(init: str, arch: str) -> DrafterConfig:
     return _eagle3_config(resolve_drafter(init, config_only=True).folder / "config.json", init)
 
 
-def _eagle3_config(path: Path, init: str) -> DrafterConfig:
-    """The EAGLE-3 config at `path`; another draft method's is refused by name, since finetune's trial trains
-    EAGLE-3 only (DFlash's objective and loop are drafter/train/block_loop.py, not yet an Optuna trial)."""
+def _eagle3_config(path: Path, init: str) -> DrafterConfig | None:  # noqa: ARG001
+    """The EAGLE-3 config at `path`; None for another draft method's (its trial trains on DeepSpeed with the
+    method's own objective, drafter/train/one_pass.py, and the memory plan models EAGLE-3's TTT only)."""
     import json
 
     from drafter.methods import method_of
@@ -52,8 +57,7 @@ def _eagle3_config(path: Path, init: str) -> DrafterConfig:
         raw = None  # DrafterConfig.from_file says what is wrong with it, naming the file
     other = method_of(raw) if isinstance(raw, dict) else None
     if other is not None:
-        raise BadInput(f"--init {init}: a {other.NAME} drafter; finetune trains EAGLE-3 drafters only (the "
-                       f"{other.NAME} objective is built, its Optuna/DeepSpeed trial is not)")  # fmt: skip
+        return None
     return DrafterConfig.from_file(path)
 
 
@@ -98,11 +102,15 @@ def ranks_sharing_memory(world: int) -> int:
 
 
 def check(
-    cfg: DrafterConfig, train: TrainConfig, configs: list[dict[str, Any]], world: int, limit_gib: float | None
-) -> MemoryPlan:
+    cfg: DrafterConfig | None, train: TrainConfig, configs: list[dict[str, Any]], world: int, limit_gib: float | None
+) -> MemoryPlan | None:
     """The plan for one rank under the most demanding config; BadInput (exit 2, one line) when it
-    cannot fit."""
+    cannot fit. None: no plan (another draft method's config)."""
     import torch
+
+    if cfg is None:
+        print("memory plan: none (not an EAGLE-3 drafter: the plan models EAGLE-3's TTT steps)", file=sys.stderr)
+        return None
 
     quiet_import_deepspeed()  # training imports it: its memory is part of the runtime planned
     attention = "flex" if torch.cuda.is_available() else "blockwise"  # the path drafter/train/loop.py takes there

@@ -101,8 +101,13 @@ class FinetuneRecipe:
         )
         if self.multi and self.rank0:
             dist.barrier()
+        from drafter.methods import DEFAULT, model_method
+
+        found = model_method(self.base_model)
+        self.method = None if found is DEFAULT else found  # its own objective, layout and registered model
         parent_name = self.parent.name if self.parent is not None else None
-        self.name = self.request.name or parent_name or default_name(self.dataset)
+        method = "eagle3" if self.method is None else self.method.NAME
+        self.name = self.request.name or parent_name or default_name(self.dataset, method)
         self.init_digest = init_digest(self.request.init, self.parent)
 
     def _setup_study(self) -> None:
@@ -131,7 +136,7 @@ class FinetuneRecipe:
             study=self.study, base_model=self.base_model, drafter_config=self.drafter_config, dataset=self.dataset,
             val_dataset=self.val_dataset, train_indices=self.train_idx, base=r.base, space=r.space, fixed=r.fixed,
             checkpoints=checkpoint_root(r.checkpoints, self.storage_url), world_size=self.world, rank0=self.rank0,
-            progress=r.progress,
+            progress=r.progress, method=self.method,
         )  # fmt: skip
 
     # --- train ------------------------------------------------------------------------------------

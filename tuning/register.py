@@ -10,9 +10,12 @@ from common.errors import BadInput
 
 
 def prepare_init(init: str, dataset: Any, arch: str):
-    """(base drafter or None for scratch, DrafterConfig, ModelVersion or None); refuses an init whose
+    """(base drafter or None for scratch, its config, ModelVersion or None); refuses an init whose
     shape gate has not passed for the dataset's target."""
+    import torch
+
     from drafter.formats.checkpoint import load_drafter
+    from drafter.methods import folder_method
     from drafter.model.config import DrafterConfig
     from drafter.train.loop import attach_target_embedding, check_fit
 
@@ -39,6 +42,16 @@ def prepare_init(init: str, dataset: Any, arch: str):
         from registry.access.resolve import resolve_drafter
 
         folder = resolve_drafter(init).folder
+    found = folder_method(folder)
+    if found is not None:  # another draft method: loaded over the dataset's target embedding and head
+        from drafter.data.dataset import layers_for
+
+        layers, hidden = found[0].reads(folder)
+        layers_for(dataset, layers)  # bad input naming the layers it lacks
+        if int(dataset.hidden_size) != hidden:
+            raise BadInput(f"{init}: reads target states {hidden} wide; the dataset's are {dataset.hidden_size}")
+        model = found[0].load(folder, torch.float32, dataset.target_embedding(), dataset.target_head())
+        return model, model.config, mv
     model = load_drafter(folder)
     check_fit(model.config, dataset)
     attach_target_embedding(model, dataset)
@@ -61,10 +74,11 @@ def init_digest(init: str, parent: Any) -> str:
     return tensor_digest(resolve_drafter(init).folder)
 
 
-def default_name(dataset: Any) -> str:
+def default_name(dataset: Any, method: str = "eagle3") -> str:
+    """The target's registered model for drafters of this draft method (a fine-tuned DFlash is no EAGLE-3)."""
     from registry.access.naming import model_name_for
 
-    return model_name_for(str(dataset.index.get("target", "target")))
+    return model_name_for(str(dataset.index.get("target", "target")), method)
 
 
 def register_best(
@@ -131,6 +145,11 @@ def _register(
     }
     if parent is not None:
         tags[naming.TAG_PARENT] = f"models:/{parent.name}/{parent.version}"
+    from drafter.methods import folder_method
+
+    found = folder_method(folder)
+    if found is not None:  # as import tags another method's version
+        tags["method"] = found[0].NAME
     from drafter.formats.checkpoint import read_header
     from registry.access.describe import contents, run_md, upsert_section
 

@@ -35,6 +35,7 @@ class Study:
     world_size: int
     rank0: bool
     progress: bool = True
+    method: Any = None  # the init's draft method (drafter/methods) when not EAGLE-3: its own objective and layout
 
 
 def _frozen(study: Any, number: int) -> Any:
@@ -136,7 +137,7 @@ def run_trial(trial: Any, s: Study) -> float:
             return trial.should_prune()
 
         try:
-            result = train(
+            result = (train if s.method is None else s.method.train)(
                 model, s.dataset, cfg, on_step=on_step, on_validate=on_validate, progress=s.progress,
                 val_dataset=s.val_dataset,
             )  # fmt: skip
@@ -165,7 +166,10 @@ def run_trial(trial: Any, s: Study) -> float:
             )
             mlflow.set_tag("trial_state", "COMPLETE")
             out = s.checkpoints / f"{key}-export"
-            save_drafter(result.model, out, include_embedding=False)
+            if s.method is None:
+                save_drafter(result.model, out, include_embedding=False)
+            else:  # in its makers' layout, as it was imported
+                s.method.save(result.model, out)
             mlflow.log_artifacts(str(out), "drafter")  # in the shared store: any worker can register it
             shutil.rmtree(out, ignore_errors=True)
     if s.rank0:

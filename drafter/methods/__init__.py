@@ -7,7 +7,8 @@ engines' names for it), `SHAPE` (chain or block),
 `fit_checks` (the gate's checks against a target),
 `check_width`, `load` and `offline_stats`; `VLLM_FLAGS` (beside `method` in vLLM's speculative config) and
 `SGLANG_REFUSAL` where SGLang cannot serve it (`SGLANG_ALGORITHM` None). The others also give
-`detect(raw config) -> bool`, `read_config` (every field checked), `checked_header`, `pass_parameters`,
+`detect(raw config) -> bool`, `owns(model) -> bool`, `train` and `held_out` (finetune's trial), `read_config`
+(every field checked), `checked_header`, `pass_parameters`,
 `save` and `export_for` (their makers' layout). EAGLE-3 is read by drafter/formats and gated by
 drafter/analysis/compat.
 """
@@ -44,6 +45,11 @@ def folder_method(folder: str | Path) -> tuple[ModuleType, dict[str, Any]] | Non
         raise BadInput(f"{path}: not a JSON object")
     method = method_of(raw)
     return (method, raw) if method is not None else None
+
+
+def model_method(model: Any) -> ModuleType:
+    """The method whose network `model` is (EAGLE-3 for None or its own network), by each method's `owns`."""
+    return next((m for m in METHODS if model is not None and m.owns(model)), DEFAULT)
 
 
 def named(name: str) -> ModuleType:

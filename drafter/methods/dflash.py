@@ -149,7 +149,7 @@ def config_dict(c: DFlashConfig, num_target_layers: int, torch_dtype: str = "flo
     return out
 
 
-def save(model: Any, folder: Path, num_target_layers: int, dtype: str = "float32") -> None:
+def save(model: Any, folder: Path, num_target_layers: int | None = None, dtype: str = "float32") -> None:
     """A DFlash drafter (drafter/model/dflash.py) as z-lab ships one: config.json and model.safetensors, with no
     embedding or head (the target's are borrowed)."""
     import torch
@@ -159,7 +159,8 @@ def save(model: Any, folder: Path, num_target_layers: int, dtype: str = "float32
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     state = {k: v.detach().to(torch_dtype).contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(config_dict(model.config, num_target_layers, dtype), indent=2))
+    layers = model.config.num_target_layers if num_target_layers is None else num_target_layers
+    (folder / "config.json").write_text(json.dumps(config_dict(model.config, layers, dtype), indent=2))
 
 
 def reads(folder: Path) -> tuple[list[int], int]:
@@ -233,6 +234,9 @@ def load(folder: str | Path, dtype: Any, embedding: Any, lm_head: Any) -> Any:
     folder = Path(folder)
     c, header = _checked(folder)
     want = expected_tensors(c)
+    if tuple(embedding.shape) != (c.vocab_size, c.hidden_size) or tuple(lm_head.shape) != (c.vocab_size, c.hidden_size):
+        raise BadInput(f"{folder}: the target's embedding {list(embedding.shape)} and head {list(lm_head.shape)} are "
+                       f"not [{c.vocab_size}, {c.hidden_size}], the drafter's vocabulary and hidden size")  # fmt: skip
     model = DFlashDrafter(c, embedding.detach().to(dtype), lm_head.detach().to(dtype)).to(dtype)
     model.rotary = Rotary(c.head_dim, c.rope, c.max_position_embeddings)  # angles in float32 at any dtype
     params = model.state_dict()
@@ -272,3 +276,28 @@ def export_for(src: Path, out: Path, engine: str, k: int) -> dict[str, Any]:
     ids = list(c.target_layer_ids)
     return {"engine": engine, "project_ids": ids, "handed_ids": ids, "engine_reads_id_as": ENGINE_READS,
             "target_layer_outputs_fed": ids, "matches_training": True}  # fmt: skip
+
+
+def held_out(model: Any, dataset: Any, indices: list[int], k: int) -> tuple[float, list[float]]:
+    """Teacher-forced (sim_accept_len, acceptance by position) of `indices` at k drafts (finetune's validation)."""
+    from drafter.train.block_loop import block_stats
+
+    return block_stats(model, dataset, indices, k)
+
+
+def train(model: Any, dataset: Any, cfg: Any, **kw: Any) -> Any:
+    """A finetune run on DeepSpeed's engine (drafter/train/one_pass.py) with DFlash's objective: anchored blocks,
+    position-decayed cross-entropy."""
+    from drafter.data.dataset import layers_for
+    from drafter.train.block_loop import BlockTrainConfig, dflash_loss
+    from drafter.train.one_pass import train_one_pass
+
+    return train_one_pass(model, layers_for(dataset, list(model.config.target_layer_ids)), cfg,
+                          dflash_loss(BlockTrainConfig()), held_out, **kw)  # fmt: skip
+
+
+def owns(model: Any) -> bool:
+    """Whether `model` is this method's network (a finetune trial trains it with this method's objective)."""
+    from drafter.model.dflash import DFlashDrafter
+
+    return isinstance(model, DFlashDrafter)

@@ -197,14 +197,16 @@ def load(folder: str | Path, dtype: Any, embedding: Any, lm_head: Any) -> Any:  
     return model.eval()
 
 
-def save(model: Any, folder: Path, dtype: str = "float32") -> None:
-    """A P-EAGLE drafter (drafter/model/peagle.py) as SpecForge ships one, without the embedding (the target's)."""
+def save(model: Any, folder: Path, dtype: str | None = None) -> None:
+    """A P-EAGLE drafter (drafter/model/peagle.py) as SpecForge ships one, without the embedding (the target's), at
+    `dtype` (None: its config's)."""
     import torch
     from safetensors.torch import save_file
 
     from drafter.formats.checkpoint import EMBED
 
     folder.mkdir(parents=True, exist_ok=True)
+    dtype = dtype or model.parallel.base.torch_dtype
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     state = {k: (v.detach().to(torch_dtype) if v.is_floating_point() else v.detach()).contiguous()
              for k, v in model.state_dict().items() if k != EMBED}  # fmt: skip
@@ -217,11 +219,7 @@ def save(model: Any, folder: Path, dtype: str = "float32") -> None:
 
 def offline_stats(model: Any, dataset: Any, k: int) -> tuple[float, list[float]]:
     """Teacher-forced (sim_accept_len, conditional acceptance by depth) of every anchor of a held-out dataset."""
-    from drafter.data.dataset import layers_for
-    from drafter.train.parallel_objective import parallel_stats
-
-    dataset = layers_for(dataset, list(model.config.aux_layer_ids))
-    return parallel_stats(model, dataset, list(range(len(dataset))), k)
+    return held_out(model, dataset, list(range(len(dataset))), k)
 
 
 def export_for(src: Path, out: Path, engine: str, k: int) -> dict[str, Any]:
@@ -249,3 +247,30 @@ def export_for(src: Path, out: Path, engine: str, k: int) -> dict[str, Any]:
     raw.update({CONVENTION_KEY: "vllm", METHOD_KEY: NAME})
     (out / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
     return record
+
+
+def held_out(model: Any, dataset: Any, indices: list[int], k: int) -> tuple[float, list[float]]:
+    """Teacher-forced (sim_accept_len, acceptance by depth) of `indices` at k drafts (finetune's validation)."""
+    from drafter.data.dataset import layers_for
+    from drafter.train.parallel_objective import parallel_stats
+
+    return parallel_stats(model, layers_for(dataset, list(model.config.aux_layer_ids)), indices, k)
+
+
+def train(model: Any, dataset: Any, cfg: Any, **kw: Any) -> Any:
+    """A finetune run on DeepSpeed's engine (drafter/train/one_pass.py) with P-EAGLE's objective: COD-sampled
+    slots by depth, soft cross-entropy against the target over the draft vocabulary."""
+    from drafter.data.dataset import layers_for
+    from drafter.train.one_pass import train_one_pass
+    from drafter.train.parallel_objective import step_loss
+
+    dataset = layers_for(dataset, list(model.config.aux_layer_ids))
+    head_rows = dataset.target_head()[model.t2d].float()
+    return train_one_pass(model, dataset, cfg, step_loss(head_rows), held_out, **kw)
+
+
+def owns(model: Any) -> bool:
+    """Whether `model` is this method's network (a finetune trial trains it with this method's objective)."""
+    from drafter.model.peagle import PEagleDrafter
+
+    return isinstance(model, PEagleDrafter)

@@ -64,8 +64,9 @@ def quote_filter_value(value: str) -> str:
     return f"'{value}'"
 
 
-def model_name_for(target: str) -> str:
-    return f"{target_slug(target)}-eagle3"
+def model_name_for(target: str, method: str = "eagle3") -> str:
+    """The registered model a target's drafters of one draft method (drafter/methods NAME) go to by default."""
+    return f"{target_slug(target)}-{method}"
 
 
 def eval_tag(profile: str, key: str) -> str:

@@ -1,0 +1,82 @@
+"""`finetune` of the other draft methods (tuning/trial.py over drafter/train/one_pass.py): a warm start from the
+mini world's DFlash and P-EAGLE drafters is an Optuna study of DeepSpeed runs with the method's own objective,
+validated at the deployment's depth by the method's own statistics, registered in its makers' layout under the
+target's model for that method, and gated again; from scratch it is refused by name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.checks import one_line_exit_2
+from tests.helpers.steps import run_step
+
+ROOT = Path(__file__).resolve().parents[1]
+MINIWORLD, K25 = ROOT / "miniworld", ROOT / "miniworld" / "k2.5-mini"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """k2.5-mini's states for 12 training and 8 validation conversations, the layers both drafters read."""
+    tmp = tmp_path_factory.mktemp("ftm")
+    for split, n in (("train", 12), ("val", 8)):
+        lines = (MINIWORLD / "prompts" / f"k2.5-{split}.jsonl").read_text().splitlines()[:n]
+        (tmp / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+        both = f"{MINIWORLD / 'zl-mini-dflash'},{MINIWORLD / 'pe-mini-peagle'}"
+        args = ["--target", str(K25), "--prompts", str(tmp / f"{split}.jsonl"), "--out", str(tmp / split)]
+        res = run_step("make_data", [*args, "--drafter", both, "--max_len", "256", "--no-progress"], tmp)
+        assert res.returncode == 0, res.stderr[-2000:]
+    return tmp
+
+
+@pytest.mark.full
+@pytest.mark.parametrize(("drafter", "method", "architecture"), [
+    ("zl-mini-dflash", "dflash", "DFlashDraftModel"), ("pe-mini-peagle", "peagle", "PEagleDraftModel"),
+])  # fmt: skip
+def test_a_warm_start_of_another_method_is_a_study_registered_in_its_makers_layout(data, drafter, method,
+                                                                                     architecture):  # fmt: skip
+    from mlflow import MlflowClient
+
+    args = ["--init", str(MINIWORLD / drafter), "--data", str(data / "train"), "--val_data", str(data / "val"),
+            "--n_trials", "2", "--max_steps", "6", "--batch_size", "4", "--no-progress"]  # fmt: skip
+    res = run_step("finetune", args, data)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    name = f"k2.5-mini-{method}"  # the target's model for this method, not its EAGLE-3 one
+    assert f"-> models:/{name}/" in res.stdout
+    c = MlflowClient(f"sqlite:///{data}/mlflow.db")
+    (mv,) = c.search_model_versions(f"name='{name}'")
+    assert mv.tags["method"] == method and float(mv.tags["val_sim_accept_len"]) > 1.0
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{data}/mlflow.db")
+    folder = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{mv.version}", dst_path=str(data / method)))
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == [architecture]
+    from drafter.formats.checkpoint import read_header
+
+    assert not any(n.startswith("embed_tokens") for n in read_header(folder))  # the target's is borrowed
+    runs = c.search_runs([e.experiment_id for e in c.search_experiments()], "tags.trial_state = 'COMPLETE'")
+    assert len(runs) >= 2 and all("val_sim_accept_len" in r.data.metrics for r in runs)
+    gate = run_step("shape_gate", ["--model", f"models:/{name}/{mv.version}", "--target", str(K25)], data)
+    assert gate.returncode == 0, gate.stdout[-2000:]
+
+
+def test_another_methods_config_from_scratch_is_refused_by_name(tmp_path):
+    res = run_step("finetune", ["--init", "scratch", "--arch", str(MINIWORLD / "zl-mini-dflash"), "--data",
+                                str(tmp_path / "none")], tmp_path, here=True)  # fmt: skip
+    one_line_exit_2(res, "from scratch is not built")
+
+
+def test_a_one_pass_drafter_over_another_targets_embedding_is_refused_in_one_line():
+    import torch
+
+    from common.errors import BadInput
+    from drafter.methods import dflash, peagle
+
+    small = torch.zeros(300, 32)
+    with pytest.raises(BadInput, match=r"embedding \[300, 32\] and head \[300, 32\] are not \[4096, 128\]"):
+        dflash.load(MINIWORLD / "zl-mini-dflash", torch.float32, small, small)
+    with pytest.raises(BadInput, match=r"target embedding has shape \[300, 32\], the drafter needs \[4096, 128\]"):
+        peagle.load(MINIWORLD / "pe-mini-peagle", torch.float32, small, small)
