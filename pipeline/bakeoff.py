@@ -254,7 +254,7 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
         be[cand.label] = break_even_accept_len(priced.binding())
         pricing[f"- {cand.label}: {said}" if priced is not shaped else said] = None  # "not priced" said once
     counts = {cand.label: classes_of(cand.record, profile) for cand in gated}
-    ranking = rank(counts)
+    ranking = rank(counts, break_even=be)  # by projected speed-up where the candidates' cycles cost apart
     figures = {label: class_figures(parts, be[label]) for label, parts in counts.items()}
     per_request = {label: mix_per_request([(share, per) for _, share, per in parts]) for label, parts in counts.items()}
     flipped = report.flips(ranking.order, {label: f[1].accept_len for label, f in figures.items()}, per_request)

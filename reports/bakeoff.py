@@ -1,4 +1,5 @@
-"""A bake-off in words, a table and a figure: the ranking by traffic-mix accept_len with tie groups, each
+"""A bake-off in words, a table and a figure: the ranking by traffic-mix accept_len (by projected speed-up where the
+candidates' cycles cost apart) with tie groups, each
 drafter against the incumbent and break-even, each traffic class against its floor, and every pair's
 paired interval beside its unpaired one."""
 
@@ -127,7 +128,7 @@ def flips(order: list[str], pooled: dict[str, float], per_request: dict[str, flo
 def pairs_markdown(ranking: Ranking) -> str:
     """Every pair, the better-ranked first: the paired difference and interval, the unpaired interval of the
     same difference, and how much narrower pairing made it."""
-    lines = ["| pair | difference | paired 95% CI | unpaired 95% CI | paired narrower by | verdict |",
+    lines = [f"| pair | difference ({ranking.by}) | paired 95% CI | unpaired 95% CI | paired narrower by | verdict |",
              "|---|---|---|---|---|---|"]  # fmt: skip
     for (a, b), d in ranking.pairs.items():
         said = f"{a} better" if d.a_better else "tied"
@@ -157,7 +158,8 @@ def _winner(ranking: Ranking, figures: Figures, break_even: BreakEven, profile: 
     tied = ranking.tied_with(top)
     be = be_of(break_even, top)
     first = "ranks first" if top == ranking.order[0] else "is the first unflagged"
-    head = f"**{top} {first} on {profile}'s traffic mix**: accept_len {mix.accept_len:.3f} [{mix.ci_low:.3f}, " \
+    by = " by projected speed-up" if ranking.by == "speed-up" else ""  # the candidates' cycles cost apart
+    head = f"**{top} {first}{by} on {profile}'s traffic mix**: accept_len {mix.accept_len:.3f} [{mix.ci_low:.3f}, " \
            f"{mix.ci_high:.3f}]"  # fmt: skip
     if mix.ci_low > be:
         head += f", above its break-even {be:.2f} with the whole interval"
@@ -172,7 +174,7 @@ def _winner(ranking: Ranking, figures: Figures, break_even: BreakEven, profile: 
         d = ranking.between(top, incumbent)
         how = "beats" if d.a_better else ("is not told apart from" if d.tied else "falls short of")
         head += (f" It {how} the incumbent {incumbent}: {d.estimate:+.3f} [{d.low:+.3f}, {d.high:+.3f}] "
-                 "(paired).")  # fmt: skip
+                 f"(paired, {ranking.by}).")  # fmt: skip
     elif incumbent == top:
         head += " It is the incumbent."
     return head

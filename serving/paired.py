@@ -79,9 +79,11 @@ def difference(
     iters: int = ITERS,
     seed: int = 0,
     level: float = 0.95,
+    scale: tuple[float, float] = (1.0, 1.0),
 ) -> Difference:
     """A minus B over classes given as (share, A's counts, B's counts), each class's prompts in the same
-    order for both. Deterministic for a seed."""
+    order for both; each side's accept_len times its `scale` (1 / its break-even: the difference of projected
+    speed-ups). Deterministic for a seed."""
     from scipy.stats import t as student
 
     paired_rng, a_rng, b_rng = (np.random.default_rng([seed, i]) for i in range(3))
@@ -96,17 +98,18 @@ def difference(
         prompts += n
         if n == 0:
             continue
-        va, vb = float(_pooled(xa)), float(_pooled(xb))
+        sa, sb = scale
+        va, vb = sa * float(_pooled(xa)), sb * float(_pooled(xb))
         center += share * (va - vb)
         paired += share * (va - vb)
         unpaired += share * (va - vb)
         if n == 1:
             continue
-        scale = math.sqrt(n / (n - 1))
+        widen = math.sqrt(n / (n - 1))
         pick = paired_rng.integers(0, n, size=(iters, n))
-        paired += share * scale * ((_pooled(xa[pick]) - va) - (_pooled(xb[pick]) - vb))
+        paired += share * widen * ((sa * _pooled(xa[pick]) - va) - (sb * _pooled(xb[pick]) - vb))
         pick_a, pick_b = a_rng.integers(0, n, size=(iters, n)), b_rng.integers(0, n, size=(iters, n))
-        unpaired += share * scale * ((_pooled(xa[pick_a]) - va) - (_pooled(xb[pick_b]) - vb))
+        unpaired += share * widen * ((sa * _pooled(xa[pick_a]) - va) - (sb * _pooled(xb[pick_b]) - vb))
         smallest = n if smallest is None else min(smallest, n)
     if smallest is None:
         return Difference(a, b, center, center, center, center, center, prompts)
@@ -118,13 +121,15 @@ def difference(
 
 @dataclass(frozen=True)
 class Ranking:
-    """Drafters by traffic-mix accept_len (highest first), their tie groups (1 = the best group), and the
-    paired difference of every pair, the better-ranked drafter first."""
+    """Drafters by traffic-mix accept_len (highest first), or by projected speed-up when their break-evens differ
+    (`by`), their tie groups (1 = the best group), and the paired difference of every pair in that measure, the
+    better-ranked drafter first."""
 
     order: list[str]
     accept_len: dict[str, float]
     group: dict[str, int]
     pairs: dict[tuple[str, str], Difference]
+    by: str = "accept_len"  # or "speed-up": accept_len over each drafter's own break-even
 
     def between(self, a: str, b: str) -> Difference:
         """A minus B, whichever way round it was computed."""
@@ -137,17 +142,22 @@ class Ranking:
         return [x for x in self.order if x != label and self.group[x] == self.group[label]]
 
 
-def rank(drafters: dict[str, list[tuple[str, float, Counts]]], iters: int = ITERS, seed: int = 0) -> Ranking:
-    """Each drafter's classes as (name, share, counts), in the same class and prompt order for all."""
+def rank(drafters: dict[str, list[tuple[str, float, Counts]]], iters: int = ITERS, seed: int = 0,
+         break_even: dict[str, float] | None = None) -> Ranking:  # fmt: skip
+    """Each drafter's classes as (name, share, counts), in the same class and prompt order for all. With
+    `break_even` per drafter and not all the same (methods whose cycles cost apart), ranked by projected speed-up
+    (accept_len / break-even): accept_len alone does not compare drafters whose cycles cost differently."""
     from serving.workload import mix_accept_len
 
     mix = {label: mix_accept_len([(share, per) for _, share, per in classes]) for label, classes in drafters.items()}
-    order = sorted(drafters, key=lambda label: -mix[label])  # stable: a tie on the mean keeps the given order
+    apart = break_even is not None and len({round(break_even[x], 9) for x in drafters}) > 1
+    scale = {x: 1.0 / break_even[x] if apart else 1.0 for x in drafters}  # type: ignore[index]
+    order = sorted(drafters, key=lambda label: -mix[label] * scale[label])  # stable: a tie keeps the given order
     pairs = {}
     for i, a in enumerate(order):
         for b in order[i + 1 :]:
             parts = [(share, pa, pb) for (_, share, pa), (_, _, pb) in zip(drafters[a], drafters[b], strict=True)]
-            pairs[(a, b)] = difference(a, b, parts, iters, seed)
+            pairs[(a, b)] = difference(a, b, parts, iters, seed, scale=(scale[a], scale[b]))
     group, leader = {}, None
     for label in order:
         if leader is None or not pairs[(leader, label)].tied:
@@ -155,4 +165,4 @@ def rank(drafters: dict[str, list[tuple[str, float, Counts]]], iters: int = ITER
             group[label] = len(set(group.values())) + 1
         else:
             group[label] = group[leader]
-    return Ranking(order, mix, group, pairs)
+    return Ranking(order, mix, group, pairs, "speed-up" if apart else "accept_len")

@@ -91,8 +91,9 @@ def test_different_prompt_counts_are_refused():
 
 
 def test_a_bake_off_holds_each_drafter_to_its_own_break_even_when_steps_are_priced_apart():
-    """A drafter whose draft steps read more is held to its own (higher) break-even: the table says which
-    break-even each row is held to, the verdict judges the winner by its own, and the figure draws each."""
+    """A drafter whose draft steps read more is held to its own (higher) break-even and ranked by projected speed-up
+    (accept_len over its own break-even), not by accept_len: the table says which break-even each row is held to,
+    the verdict judges the winner by its own, the pairs are speed-up differences, and the figure draws each."""
     from reports import bakeoff as report
     from serving.workload import class_figures
 
@@ -100,15 +101,21 @@ def test_a_bake_off_holds_each_drafter_to_its_own_break_even_when_steps_are_pric
     mix = {label: class_figures(parts, 1.0)[1].accept_len for label, parts in counts.items()}
     be = {"A": mix["A"] + 0.2, "B": mix["B"] - 0.4}  # A ranks first, but its dearer steps cost more than it gains
     figures = {label: class_figures(parts, be[label]) for label, parts in counts.items()}
-    ranking = rank(counts)
+    ranking = rank(counts, break_even=be)
+    assert ranking.by == "speed-up" and ranking.order == ["B", "A"]  # A accepts more, B pays: speed-up decides
+    gain = ranking.between("B", "A")
+    assert gain.a_better and gain.estimate == pytest.approx(mix["B"] / be["B"] - mix["A"] / be["A"], abs=1e-9)
     rows = {row["drafter"]: row for row in report.rows(ranking, figures, be, 1.0, 0.05, None, {"A": "a", "B": "b"})}
     assert (rows["A"]["beats_break_even"], rows["B"]["beats_break_even"]) == ("no", "yes")
     assert rows["A"]["break_even"] == pytest.approx(be["A"])
     table = report.markdown(ranking, figures, be, 1.0, 0.05, None, {"A": "a", "B": "b"})
     assert "break-even (its own draft steps')" in table and f"no ({be['A']:.2f})" in table
     said = report.verdict(ranking, figures, be, "host-vllm", None)
-    assert said.startswith("**A ranks first") and f"below its break-even {be['A']:.2f}" in said
-    assert "no candidate makes speculative decoding pay" not in said  # B does, at its own price
+    assert said.startswith("**B ranks first by projected speed-up") and f"above its break-even {be['B']:.2f}" in said
+    assert "| pair | difference (speed-up) |" in report.pairs_markdown(ranking)
+    by_accept = rank(counts)  # one break-even for all (or none given): accept_len orders them, in its own units
+    assert by_accept.by == "accept_len" and by_accept.order == ["A", "B"]
+    assert rank(counts, break_even={"A": 2.0, "B": 2.0}).by == "accept_len"
     shared = report.markdown(ranking, figures, 1.5, 1.0, 0.05, None, {"A": "a", "B": "b"})
     assert "break-even 1.50 |" in shared
     fig = report.figure(ranking, figures, be, 1.0, 3, "priced apart")
