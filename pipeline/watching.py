@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.errors import BadInput
 from engines import endpoint, exposition
 from pipeline.readings import SETTLE_INTERVALS, Watched, settled_version, take
 from registry.ledger import audit
@@ -67,6 +68,23 @@ def expected_digest(c: Any, name: str, version: str, profile: Any) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         export.write(folder, Path(tmp) / "out", "vllm", 1, deployment(profile).target)
         return endpoint.export_digest(Path(tmp) / "out")
+
+
+def priced_for_holder(c: Any, name: str, version: str, profile: Any) -> Any:
+    """The profile as the holder's own cycle prices it (its draft method's shape and what its pass reads,
+    drafter.analysis.step_cost.priced_for_folder), as `promote` priced it: a block drafter's break-even at a load
+    is its one pass, not a chain's k. Bad input where that cycle costs no more than plain decoding at some load."""
+    from drafter.analysis.step_cost import priced_for_folder
+    from registry.access import store
+    from registry.ledger.deployment import free_cycles
+
+    if low := free_cycles(profile):  # its break-evens would read any drafter as paying there
+        raise BadInput(f"profile {profile.name}: break-even <= 1 at concurrency {low[0][0]}: fix the calibration")
+    _, priced, _ = priced_for_folder(profile, store.version_folder(f"models:/{name}/{version}")[1])
+    if low := free_cycles(priced):
+        raise BadInput(f"profile {profile.name}, priced for {name} v{version}'s own cycle: break-even "
+                       f"{low[0][1]:.3f} <= 1 at concurrency {low[0][0]}: no timing of a cycle")  # fmt: skip
+    return priced
 
 
 def ready() -> None:

@@ -27,6 +27,7 @@ from pipeline.watching import (
     State,
     expected_digest,
     poll_recertify,
+    priced_for_holder,
     publish_figure,
     ready,
     start_monitor,
@@ -35,7 +36,6 @@ from pipeline.watching import (
 from registry.access import naming
 from registry.ledger import sanction
 from registry.ledger import watch as policy_
-from registry.ledger.deployment import free_cycles
 from registry.ledger.trust import load_trust
 from serving import drift
 from serving.profile import load_profile
@@ -109,8 +109,6 @@ def setup(c: Any, args: argparse.Namespace) -> State:
     profile = load_profile(args.profile)
     if not profile.operating_points:
         raise BadInput(f"profile {profile.name} has no calibration by load (operating_points): run calibrate first")
-    if low := free_cycles(profile):  # its break-evens would read any drafter as paying there
-        raise BadInput(f"profile {profile.name}: break-even <= 1 at concurrency {low[0][0]}: fix the calibration")
     raw = dict(profile.watch)
     for key, given in (("action", args.policy), ("tolerance", args.tolerance)):
         if none_if_empty(given) is not None:
@@ -124,7 +122,8 @@ def setup(c: Any, args: argparse.Namespace) -> State:
     k = served_depth(c, args, held)
     expected = endpoint.drafter_name(expected_digest(c, args.model, held.version, profile))
     window = drift.BaselineWindow(policy.tolerance, policy.baseline_intervals)
-    state = State(args.model, args.alias, held.version, expected, k, policy, profile, [], window=window,
+    priced = priced_for_holder(c, args.model, held.version, profile)  # the holder's own cycle
+    state = State(args.model, args.alias, held.version, expected, k, policy, priced, [], window=window,
                   created=created, profile_arg=args.profile)  # fmt: skip
     for url in urls:
         try:

@@ -93,6 +93,7 @@ BAD = [
     (_with(intermediate_size=None), "'intermediate_size' is None"),
     (_with(dflash_causal="yes"), "'dflash_config.causal' is 'yes'"),
     (_with(rope_scaling=[64]), "'rope_scaling' is \\[64\\]"),
+    (_with(num_hidden_layers=10**9), "'num_hidden_layers' is 1000000000: more than 128 is no drafter"),
 ]
 
 

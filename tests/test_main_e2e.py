@@ -15,7 +15,7 @@ def test_main_at_its_smallest_settings_trains_evaluates_and_promotes(small_main_
     """One trial of 8 steps, evidence on 8 pinned prompts at break-even 1.002: every step runs, three
     drafters are registered and evaluated on the pinned set, and the candidate, above break-even on
     that evidence, is promoted to production (exit 0: the rule said yes); the bake-off imports the family
-    drafters under their own names and ranks all six."""
+    drafters and the other methods' under their own names and ranks all eight."""
     tmp, res = small_main_job
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     c = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
@@ -28,18 +28,19 @@ def test_main_at_its_smallest_settings_trains_evaluates_and_promotes(small_main_
     assert tags["promotion"].startswith("promoted"), tags["promotion"]
     assert float(tags["eval.small.accept_len_ci_low"]) > float(tags["eval.small.break_even"]) == pytest.approx(1.002)
     steps = [r.data.tags["drafterops.step"] for r in project_runs(c) if "drafterops.step" in r.data.tags]
-    # the chain's own steps, then the bake-off: three family drafters imported, gated and evaluated (the
-    # chain's three evaluations reused), each gate run once more by compare against the profile's target
-    expected = {"import_drafter": 1 + 3, "make_data": 2, "finetune": 2, "evaluate": 3 + 3, "compare": 1}
+    # the chain's own steps, then the bake-off: three family drafters and a DFlash and a P-EAGLE one imported,
+    # gated and evaluated (the chain's three evaluations reused), each gate run once more by compare
+    expected = {"import_drafter": 1 + 5, "make_data": 2, "finetune": 2, "evaluate": 3 + 5, "compare": 1}
     for step, count in expected.items():
         assert steps.count(step) == count, (step, steps)
-    assert steps.count("shape_gate") >= 3 + 3, steps
+    assert steps.count("shape_gate") >= 3 + 5, steps
     bake = next(r for r in project_runs(c) if r.data.tags.get("drafterops.step") == "compare")
     assert bake.data.tags["compare.winner"] and "compare-runs" in bake.data.tags["compare.compare_runs"]
-    assert {m.name for m in c.search_registered_models()} >= {"ls-mini-eagle3-mla", "nv-mini-eagle3", "rh-mini-eagle3"}
+    public = {"ls-mini-eagle3-mla", "nv-mini-eagle3", "rh-mini-eagle3", "zl-mini-dflash", "pe-mini-peagle"}
+    assert {m.name for m in c.search_registered_models()} >= public
     main_run = next(r for r in project_runs(c) if r.data.tags.get("drafterops.step") == "main")
     assert "### Bake-off" in main_run.data.tags["mlflow.note.content"]
-    # the description opens with the bake-off's answer over all six, then this run's own drafters
+    # the description opens with the bake-off's answer over all eight, then this run's own drafters
     opening = main_run.data.tags["mlflow.note.content"].split("\n\n")[1]
     assert opening.startswith("**") and ("ranks first" in opening or "flagged" in opening), opening
     assert not [r.info.run_name for r in project_runs(c) if r.info.status == "RUNNING"]

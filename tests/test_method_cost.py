@@ -166,3 +166,27 @@ def test_each_method_says_which_target_layers_it_reads():
         raw = json.loads((ROOT / "miniworld" / folder / "config.json").read_text())
         layers, hidden = folder_method_or_default(ROOT / "miniworld" / folder).reads(ROOT / "miniworld" / folder)
         assert layers == [1, 3, 4] and hidden == raw.get("hidden_size", raw.get("target_hidden_size")), (folder, raw)
+
+
+def test_the_watch_prices_production_by_its_holders_own_cycle(tmp_path, monkeypatch):
+    """A DFlash holder's break-even at each load is one drafter pass, as promote priced it, never a chain's k
+    passes (which would read a paying block drafter as below break-even and demote it); an import without a name
+    goes to the target's model for its method."""
+    from pipeline.watching import priced_for_holder
+    from registry.access import store
+    from serving import drift
+    from tests.helpers.steps import run_step
+
+    k25 = ROOT / "miniworld/k2.5-mini"
+    res = run_step("import_drafter", ["--source", str(ROOT / "miniworld/zl-mini-dflash"), "--target", str(k25)],
+                   tmp_path, here=True)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    calibrated = load_profile("host-vllm")
+    priced = priced_for_holder(store.client(), "k2.5-mini-dflash", "1", calibrated)
+    assert priced.draft_shape == "block" and priced.digest == calibrated.digest
+    for op in calibrated.operating_points:
+        chain, block = (drift.break_even_at(p.operating_points, 3, op.concurrency) for p in (calibrated, priced))
+        assert block < chain  # one pass, at what a DFlash pass reads (priced up from the timed step, never down)
+        one = next(p for p in priced.operating_points if p.concurrency == op.concurrency)
+        assert block == pytest.approx(one.plain_tps * (one.verify_ms + one.draft_step_ms) / 1000)

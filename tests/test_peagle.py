@@ -153,6 +153,7 @@ def _broken(tmp_path: Path, how: str) -> Path:
         "mask-beyond": lambda: raw.update(mask_token_id=5000, ptd_token_id=5000),
         "layers": lambda: raw.update(num_hidden_layers=0),
         "layers-text": lambda: raw.update(num_hidden_layers="2"),
+        "layers-huge": lambda: raw.update(num_hidden_layers=10**9),
         "window": lambda: raw.update(sliding_window=16, layer_types=["sliding_attention"]),
         "mla": lambda: raw.update(kv_lora_rank=16),
         "speculators": lambda: raw.update(speculators_model_type="peagle"),
@@ -174,11 +175,12 @@ BROKEN = [
     ("no-mask", "no mask token (mask_token_id, ptd_token_id, pard_token)"),
     ("mask-disagree", "the mask token fields disagree"),
     ("mask-beyond", "mask token 5000 is not a token of the vocabulary"),
-    ("layers", "'num_hidden_layers' must be a whole number >= 1, got 0"),
-    ("layers-text", "'num_hidden_layers' must be a whole number >= 1, got '2'"),
+    ("layers", "'num_hidden_layers' must be a whole number in 1..128, got 0"),
+    ("layers-text", "'num_hidden_layers' must be a whole number in 1..128, got '2'"),
+    ("layers-huge", "'num_hidden_layers' must be a whole number in 1..128, got 1000000000"),
     ("window", "read with full attention only"),
     ("mla", "read with Llama attention (MLA keys kv_lora_rank)"),
-    ("speculators", "a speculators P-EAGLE folder"),
+    ("speculators", "'transformer_layer_config' must be the decoder's config"),
     ("aux", "missing field 'eagle_config.eagle_aux_hidden_state_layer_ids'"),
     ("mask-hidden", "tensor mask_hidden is missing"),
     ("mask-hidden-shape", "tensor mask_hidden is BF16 [1, 1, 128]"),
@@ -210,3 +212,34 @@ def test_a_broken_p_eagle_folder_registers_nothing_and_the_gate_step_says_no(tmp
     assert ok.returncode == 0, ok.stderr[-2000:]
     no = run_step("shape_gate", ["--model", str(MINI), "--target", str(_other_target(tmp_path))], tmp_path, here=True)
     assert no.returncode == 1, no.stderr[-2000:]
+
+
+def test_speculators_p_eagle_layout_reads_as_the_same_drafter(tmp_path):
+    """speculators' P-EAGLE folder (its decoder under transformer_layer_config, aux ids in vLLM's reading, the mask
+    token at the top level, the same tensors): the same config, the gate passes, the same drafts; no mask token is
+    refused as vLLM would fail on it."""
+    from common.errors import BadInput
+    from drafter.analysis.compat import passed
+    from drafter.methods import folder_method_or_default
+
+    ours = json.loads((MINI / "config.json").read_text())
+    layer = {k: ours[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                                  "head_dim", "rms_norm_eps", "rope_theta", "max_position_embeddings", "vocab_size",
+                                  "num_hidden_layers", "torch_dtype")}  # fmt: skip
+    raw = {"architectures": ["PEagleSpeculator"], "speculators_model_type": "peagle",
+           "transformer_layer_config": {**layer, "model_type": "llama", "hidden_act": "silu"},
+           "draft_vocab_size": ours["draft_vocab_size"], "norm_before_residual": False, "mask_token_id": 0,
+           "eagle_aux_hidden_state_layer_ids": [i + 1 for i in peagle.folder_config(MINI).aux_layer_ids],
+           "speculators_config": {"algorithm": "peagle", "proposal_methods": [{"speculative_tokens": 4}]}}  # fmt: skip
+    folder = tmp_path / "spec"
+    folder.mkdir()
+    shutil.copyfile(MINI / "model.safetensors", folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps(raw))
+    assert folder_method_or_default(folder) is peagle
+    a, b = peagle.folder_config(MINI), peagle.folder_config(folder)
+    assert (b.aux_layer_ids, b.num_hidden_layers, b.mask_token_id) == (a.aux_layer_ids, 2, 0)
+    assert peagle.expected_tensors(a) == peagle.expected_tensors(b) and passed(peagle.fit_checks(folder, K25))
+    del raw["mask_token_id"]
+    (folder / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(BadInput, match="no mask token"):
+        peagle.folder_config(folder)

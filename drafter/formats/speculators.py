@@ -92,10 +92,17 @@ def to_speculators(src: str | Path, out: str | Path, verifier: str, verifier_arc
 
 def project_config(raw: dict[str, Any], where: str) -> DrafterConfig:
     """The project's config for a speculators config, or a refusal naming the key that makes it another network."""
-    kind = raw.get("speculators_model_type")
-    if kind != MODEL_TYPE:
-        raise BadInput(f"{where}: speculators_model_type is {kind!r}; only {MODEL_TYPE!r} is an EAGLE-3 drafter")
-    flags = {flag: raw.get(flag, flag == "norm_before_residual") for flag in NORM_FLAGS}  # as vLLM reads them
+    return DrafterConfig.from_dict(project_fields(raw, where), where)
+
+
+def project_fields(raw: dict[str, Any], where: str, kind: str = MODEL_TYPE) -> dict[str, Any]:
+    """The project's config.json fields for a speculators config of `kind` (eagle3, or peagle: the same decoder
+    fields, several layers), as vLLM 0.32 reads them; a refusal naming the key that makes it another network."""
+    if raw.get("speculators_model_type") != kind:
+        raise BadInput(f"{where}: speculators_model_type is {raw.get('speculators_model_type')!r}; only {kind!r} "
+                       f"is read here")  # fmt: skip
+    residual = kind == MODEL_TYPE  # vLLM's default when the key is missing: True for eagle3, False for peagle
+    flags = {flag: raw.get(flag, residual and flag == "norm_before_residual") for flag in NORM_FLAGS}
     for flag, value in flags.items():
         if not isinstance(value, bool):
             raise BadInput(f"{where}: '{flag}' is {value!r}; it must be true or false")
@@ -128,7 +135,7 @@ def project_config(raw: dict[str, Any], where: str) -> DrafterConfig:
     project.update({flag: value for flag, value in flags.items() if value})
     if raw.get("target_hidden_size") is not None:
         project["target_hidden_size"] = raw["target_hidden_size"]
-    return DrafterConfig.from_dict(project, where)
+    return project
 
 
 def from_speculators(src: str | Path, out: str | Path) -> Path:

@@ -46,10 +46,17 @@ def detect(raw: dict[str, Any]) -> bool:
 
 
 def read_config(raw: Any, where: str = "config.json") -> PEagleConfig:
-    """The method table's config reader (every field checked)."""
+    """The method table's config reader (every field checked): SpecForge's layout, or speculators' (its decoder's
+    fields under `transformer_layer_config`, the aux ids in vLLM's reading, `mask_token_id` at the top level:
+    the same tensors under the same names), read as vLLM 0.32 reads it (`update_peagle`)."""
     if isinstance(raw, dict) and raw.get("speculators_model_type") == "peagle":
-        raise BadInput(f"{where}: a speculators P-EAGLE folder: convert it with speculators' own converter to "
-                       "SpecForge's layout (PEagleDraftModel); reading speculators' P-EAGLE is not built")  # fmt: skip
+        from drafter.formats.speculators import project_fields
+
+        fields = project_fields(raw, where, "peagle")
+        layer = raw["transformer_layer_config"]
+        fields.update(architectures=[ARCHITECTURES[0]], num_hidden_layers=layer.get("num_hidden_layers"),
+                      mask_token_id=raw.get("mask_token_id"))  # fmt: skip
+        raw = fields
     return PEagleConfig.from_dict(raw, where)
 
 

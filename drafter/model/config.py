@@ -21,6 +21,9 @@ LLAMA_ARCHITECTURES = (ARCHITECTURE, "Eagle3LlamaForCausalLM")
 # norm_before_residual: the residual stream starts at hidden_norm(hidden), not at hidden.
 NORM_FLAGS = ("fc_norm", "norm_before_fc", "norm_output", "norm_before_residual")
 
+# More draft layers than this is no drafter: its contract would list every tensor of it (a config could name 10^9).
+MAX_DRAFT_LAYERS = 128
+
 # Keys the drafter cannot be built without (docs/design.md, checkpoint format).
 REQUIRED_KEYS = (
     "hidden_size",

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.errors import BadInput
+from drafter.model.config import MAX_DRAFT_LAYERS
 from drafter.model.eagle3 import Rotary, apply_rope
 from drafter.model.lean_ops import RMSNorm, swiglu
 from drafter.model.rope import RopeSpec, rope_from_config
@@ -92,13 +93,16 @@ class DFlashConfig:
         rope = raw.get("rope_scaling")
         if rope is not None and not isinstance(rope, dict):
             raise BadInput(f"{where}: 'rope_scaling' is {rope!r}, not an object")
+        layers = whole("num_hidden_layers", raw.get("num_hidden_layers"))
+        if layers > MAX_DRAFT_LAYERS:
+            raise BadInput(f"{where}: 'num_hidden_layers' is {layers}: more than {MAX_DRAFT_LAYERS} is no drafter")
         n_target = raw.get("num_target_layers")
         eps = raw.get("rms_norm_eps", 1e-6)
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
             raise BadInput(f"{where}: 'rms_norm_eps' is {eps!r}, not a number between 0 and 1")
         return cls(
             hidden_size=hidden,
-            num_hidden_layers=whole("num_hidden_layers", raw.get("num_hidden_layers")),
+            num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=whole("num_key_value_heads", raw.get("num_key_value_heads", heads)),
             head_dim=whole("head_dim", head_dim),

@@ -22,7 +22,7 @@ from torch import nn
 
 from common.errors import BadInput
 from drafter.model import mla
-from drafter.model.config import ARCHITECTURE, DrafterConfig
+from drafter.model.config import ARCHITECTURE, MAX_DRAFT_LAYERS, DrafterConfig
 from drafter.model.eagle3 import MLP, Attention, DraftCache, Eagle3Drafter, MidLayer
 from drafter.model.lean_ops import RMSNorm
 
@@ -50,8 +50,9 @@ class PEagleConfig:
         if not isinstance(raw, dict):
             raise BadInput(f"{where}: not a JSON object")
         layers = raw.get("num_hidden_layers")
-        if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
-            raise BadInput(f"{where}: field 'num_hidden_layers' must be a whole number >= 1, got {layers!r}")
+        if not isinstance(layers, int) or isinstance(layers, bool) or not 1 <= layers <= MAX_DRAFT_LAYERS:
+            raise BadInput(f"{where}: field 'num_hidden_layers' must be a whole number in 1..{MAX_DRAFT_LAYERS}, "
+                           f"got {layers!r}")  # fmt: skip
         given = {k: raw[k] for k in MASK_KEYS if raw.get(k) is not None}
         if not given:
             raise BadInput(f"{where}: no mask token ({', '.join(MASK_KEYS)}): vLLM fills the parallel slots with it")
