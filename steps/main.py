@@ -19,6 +19,7 @@ from cli.step import log_params, run_link, run_step, step_run
 from common.errors import BadInput, GateRefused
 from common.paths import MINIWORLD, ROOT
 from engines import environment
+from pipeline import public_drafters
 from pipeline.nested import Pipeline, aliases_by_version, best_params, version_from_run
 from registry.access import naming
 from registry.ledger import reconcile
@@ -163,15 +164,14 @@ def train_both(p: Pipeline, c: Any, chain: Chain, args: argparse.Namespace) -> N
 
 
 def evaluate_all(p: Pipeline, c: Any, chain: Chain, args: argparse.Namespace) -> None:
-    """The three drafters on the same pinned prompts and profile (the evaluation that counts as evidence)."""
-    for label, version in chain.drafters.items():
-        ev_run, _ = p.step("evaluate", {"model": f"models:/{chain.name}/{version}", "target": TARGET,
-                                        "data": str(chain.data["val"]), "profile": args.profile,
-                                        "limit": args.limit, "max_new_tokens": args.max_new_tokens})  # fmt: skip
+    """The three drafters on the same pinned prompts and profile (the evaluation that counts as evidence), and with
+    a bake-off of every family the public drafters beside them (compare reuses it all), two at a time."""
+    calls = [("evaluate", {"model": f"models:/{chain.name}/{version}", "target": TARGET, "data": str(chain.data["val"]),
+                           "profile": args.profile, "limit": args.limit, "max_new_tokens": args.max_new_tokens}, (0,))
+             for version in chain.drafters.values()]  # fmt: skip
+    public = public_drafters.evaluations(p, c, TARGET, args.profile) if args.bakeoff == "families" else []
+    for (label, version), (ev_run, _) in zip(chain.drafters.items(), p.steps(calls + public), strict=False):
         chain.results[label] = (version, c.get_run(ev_run).data.metrics)
-
-
-FAMILY_DRAFTERS = ("ls-mini-eagle3-mla", "nv-mini-eagle3", "rh-mini-eagle3", "zl-mini-dflash", "pe-mini-peagle")
 
 
 def bake_off(p: Pipeline, c: Any, chain: Chain, args: argparse.Namespace) -> tuple[list[str], str]:
@@ -181,7 +181,7 @@ def bake_off(p: Pipeline, c: Any, chain: Chain, args: argparse.Namespace) -> tup
         return [], ""
     candidates = [f"models:/{chain.name}/{v}" for v in chain.drafters.values()]
     if args.bakeoff == "families":
-        candidates += [str(MINIWORLD / name) for name in FAMILY_DRAFTERS if (MINIWORLD / name).is_dir()]
+        candidates += public_drafters.folders()
     run_id, _ = p.step("compare", {"candidates": ",".join(candidates), "profile": args.profile}, ok_codes=(0, 1))
     text = c.get_run(run_id).data.tags.get("mlflow.note.content", "")
     verdict = text.strip().split("\n\n", 1)[0] if text.strip() else ""
