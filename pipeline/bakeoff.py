@@ -238,6 +238,7 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
     from drafter.methods import folder_method_or_default
     from registry.access import store
     from registry.ledger.bakeoff import classes_of, may_promote
+    from registry.ledger.deployment import free_cycles
     from reports import bakeoff as report
     from serving.acceptance import mix_per_request
     from serving.cost import break_even_accept_len
@@ -252,12 +253,16 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
         methods[cand.label] = folder_method_or_default(folder)  # read from its files, as its pricing is
         shaped, priced, said = priced_for_folder(profile, folder)
         be[cand.label] = break_even_accept_len(priced.binding())
+        if low := free_cycles(priced):  # its cycle priced no dearer than plain decoding: any figure would "pay"
+            cand.flag = cand.flag or (f"its own {priced.draft_shape} cycle costs no more than plain decoding here "
+                                      f"(break-even {low[0][1]:.3f} <= 1): no evidence")  # fmt: skip
         pricing[f"- {cand.label}: {said}" if priced is not shaped else said] = None  # "not priced" said once
     counts = {cand.label: classes_of(cand.record, profile) for cand in gated}
     ranking = rank(counts, break_even=be)  # by projected speed-up where the candidates' cycles cost apart
     figures = {label: class_figures(parts, be[label]) for label, parts in counts.items()}
     per_request = {label: mix_per_request([(share, per) for _, share, per in parts]) for label, parts in counts.items()}
-    flipped = report.flips(ranking.order, {label: f[1].accept_len for label, f in figures.items()}, per_request)
+    pooled = {label: f[1].accept_len for label, f in figures.items()}  # flips read an accept_len order only
+    flipped = report.flips(ranking.order, pooled, per_request) if ranking.by == "accept_len" else []
     incumbent = next((cand.label for cand in gated if cand.incumbent), None)
     evidence = {cand.label: f"{'evaluated' if cand.evaluated else 'reused'} {cand.record.run_id[:8]}" for cand in gated}
     flags = {cand.label: cand.flag for cand in gated if cand.flag}

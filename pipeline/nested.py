@@ -90,45 +90,51 @@ class Pipeline:
         threads = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} if together else {}
         results: list[tuple[str, int] | None] = [None] * len(calls)
         pending, running, failed = list(enumerate(calls)), [], None
-        while pending or running:
-            while pending and len(running) < at_once and failed is None:
-                i, (entry, params, ok_codes) = pending.pop(0)
-                params = {k: str(v) for k, v in params.items()}
-                key = self.key(entry, params)
-                done = self.finished(key, ok_codes)
-                if done is not None:
-                    code = int(done.data.tags["drafterops.exit_code"])
-                    self.log.append(f"{entry}: reused run {done.info.run_id[:8]} (exit {code})")
-                    print(f"main: {entry} already done with these inputs (run {done.info.run_id[:8]}), reused")
-                    results[i] = (done.info.run_id, code)
+        try:
+            while pending or running:
+                while pending and len(running) < at_once and failed is None:
+                    i, (entry, params, ok_codes) = pending.pop(0)
+                    params = {k: str(v) for k, v in params.items()}
+                    key = self.key(entry, params)
+                    done = self.finished(key, ok_codes)
+                    if done is not None:
+                        code = int(done.data.tags["drafterops.exit_code"])
+                        self.log.append(f"{entry}: reused run {done.info.run_id[:8]} (exit {code})")
+                        print(f"main: {entry} already done with these inputs (run {done.info.run_id[:8]}), reused")
+                        results[i] = (done.info.run_id, code)
+                        continue
+                    print(f"main: {entry} ...", flush=True)
+                    # the launcher (a child `mlflow run`) logs "ERROR ... Run failed" for any nonzero exit, an
+                    # expected refusal included; main reads the step's own code and speaks for it instead
+                    with _env(MLFLOW_LOGGING_LEVEL="CRITICAL", **threads):
+                        submitted = mlflow.projects.run(str(ROOT), entry_point=entry, parameters=params,
+                                                        env_manager="local", experiment_id=self.experiment_id,
+                                                        synchronous=False)  # fmt: skip
+                    running.append((i, entry, key, ok_codes, submitted, time.perf_counter()))
+                if failed is not None:
+                    pending = []
+                ended = [r for r in running if r[4].get_status() not in ("RUNNING", "SCHEDULED")] if running else []
+                if running and not ended:
+                    time.sleep(0.2)
                     continue
-                print(f"main: {entry} ...", flush=True)
-                # the launcher (a child `mlflow run`) logs "ERROR ... Run failed" for any nonzero exit, an
-                # expected refusal included; main reads the step's own code and speaks for it instead
-                with _env(MLFLOW_LOGGING_LEVEL="CRITICAL", **threads):
-                    submitted = mlflow.projects.run(str(ROOT), entry_point=entry, parameters=params,
-                                                    env_manager="local", experiment_id=self.experiment_id,
-                                                    synchronous=False)  # fmt: skip
-                running.append((i, entry, key, ok_codes, submitted, time.perf_counter()))
-            if failed is not None:
-                pending = []
-            ended = [r for r in running if r[4].get_status() not in ("RUNNING", "SCHEDULED")] if running else []
-            if running and not ended:
-                time.sleep(0.2)
-                continue
-            for i, entry, key, ok_codes, submitted, t0 in ended:
-                running.remove((i, entry, key, ok_codes, submitted, t0))
-                submitted.wait()
-                code, run_id = self.exit_code(submitted), submitted.run_id
-                self.log.append(f"{entry}: run {run_id[:8]}, exit {code}, {time.perf_counter() - t0:.0f} s")
-                if code not in ok_codes:
-                    failed = failed or StepFailed(entry, code, run_id)
-                    continue
-                if code == 1:  # a gate's "no" is an expected outcome here: not a red "Failed" in the run list
-                    self.client.set_tag(run_id, "drafterops.outcome", "refused")
-                    self.client.set_terminated(run_id, "FINISHED")
-                self.client.set_tag(run_id, "drafterops.cache_key", key)
-                results[i] = (run_id, code)
+                for i, entry, key, ok_codes, submitted, t0 in ended:
+                    running.remove((i, entry, key, ok_codes, submitted, t0))
+                    submitted.wait()
+                    code, run_id = self.exit_code(submitted), submitted.run_id
+                    self.log.append(f"{entry}: run {run_id[:8]}, exit {code}, {time.perf_counter() - t0:.0f} s")
+                    if code not in ok_codes:  # the worst one is said: a crash (3) over bad input (2)
+                        step_failed = StepFailed(entry, code, run_id)
+                        failed = step_failed if failed is None or step_failed.exit_code > failed.exit_code else failed
+                        continue
+                    if code == 1:  # a gate's "no" is an expected outcome here: not a red "Failed" in the run list
+                        self.client.set_tag(run_id, "drafterops.outcome", "refused")
+                        self.client.set_terminated(run_id, "FINISHED")
+                    self.client.set_tag(run_id, "drafterops.cache_key", key)
+                    results[i] = (run_id, code)
+        except BaseException:  # a step's launcher raised, or main was interrupted: no child outlives it
+            for *_, submitted, _ in running:
+                submitted.cancel()
+            raise
         if failed is not None:
             raise failed
         return [r for r in results if r is not None]

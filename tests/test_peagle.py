@@ -164,6 +164,7 @@ def _broken(tmp_path: Path, how: str) -> Path:
                                                                                               dtype=torch.bfloat16)}),
         "extra-layer": lambda: state.update({"layers.2.input_layernorm.weight": torch.ones(128, dtype=torch.bfloat16)}),
         "dtype": lambda: state.update({"norm.weight": state["norm.weight"].float()}),
+        "torch-dtype": lambda: raw.update(torch_dtype="int8-nonsense"),
     }  # fmt: skip
     edits[how]()
     save_file(state, str(folder / "model.safetensors"))
@@ -187,6 +188,7 @@ BROKEN = [
     ("wide-layer-1", "tensor layers.1.self_attn.q_proj.weight is BF16 [128, 256]"),
     ("extra-layer", "tensors not in a P-EAGLE drafter of 2 layers: layers.2.input_layernorm.weight"),
     ("dtype", "tensor norm.weight is F32 [128], the config makes it BF16 [128]"),
+    ("torch-dtype", "field 'torch_dtype' is 'int8-nonsense', not one of bfloat16, float16, float32"),
 ]
 
 
@@ -239,7 +241,73 @@ def test_speculators_p_eagle_layout_reads_as_the_same_drafter(tmp_path):
     a, b = peagle.folder_config(MINI), peagle.folder_config(folder)
     assert (b.aux_layer_ids, b.num_hidden_layers, b.mask_token_id) == (a.aux_layer_ids, 2, 0)
     assert peagle.expected_tensors(a) == peagle.expected_tensors(b) and passed(peagle.fit_checks(folder, K25))
+    raw["transformer_layer_config"] |= {"norm_before_residual": True, "norm_before_fc": True}  # vLLM: the top's
+    (folder / "config.json").write_text(json.dumps(raw))
+    base = peagle.folder_config(folder).base
+    assert (base.norm_before_residual, base.norm_before_fc) == (False, False)  # update_peagle sets both
     del raw["mask_token_id"]
     (folder / "config.json").write_text(json.dumps(raw))
     with pytest.raises(BadInput, match="no mask token"):
         peagle.folder_config(folder)
+
+
+def test_the_gate_fails_what_import_and_load_refuse(tmp_path):
+    """A later layer saved at another dtype, or a stray `midlayer.` copy shadowing layer 0: the gate's layout row
+    fails, as checked_header (import, load) does, instead of passing a folder nothing can load."""
+    from safetensors.torch import load_file, save_file
+
+    from drafter.analysis.compat import passed
+
+    for how in ("dtype", "shadow"):
+        folder = tmp_path / how
+        shutil.copytree(MINI, folder)
+        state = load_file(str(folder / "model.safetensors"))
+        if how == "dtype":
+            state["layers.1.mlp.down_proj.weight"] = state["layers.1.mlp.down_proj.weight"].float()
+        else:
+            state["midlayer.input_layernorm.weight"] = state["layers.0.input_layernorm.weight"].clone()
+            state["layers.0.input_layernorm.weight"] = state["layers.0.input_layernorm.weight"][:64].clone()
+        save_file(state, str(folder / "model.safetensors"))
+        checks = peagle.fit_checks(folder, K25)
+        assert not passed(checks) and any(c.name == "layout" and c.ok is False for c in checks), how
+
+
+def test_a_config_whose_architectures_is_not_a_list_is_one_line(tmp_path):
+    from common.errors import BadInput
+    from drafter.methods import folder_method
+
+    for value in (5, True, "PEagleDraftModel"):
+        (tmp_path / "config.json").write_text(json.dumps({"architectures": value}))
+        with pytest.raises(BadInput, match="field 'architectures' is .*, not a list of names"):
+            folder_method(tmp_path)
+
+
+def test_held_out_statistics_in_chunks_of_anchors_are_the_whole_pass(monkeypatch):
+    """parallel_stats scores a sample's anchors a chunk at a time (memory): the same figures as all at once."""
+    from drafter.data.dataset import Sample
+    from drafter.train import parallel_objective as po
+
+    gen = torch.Generator().manual_seed(6)
+
+    class Samples(list):  # what parallel_stats reads of a dataset: samples and the target's head
+        def target_head(self) -> torch.Tensor:
+            return torch.randn(96, 32, generator=torch.Generator().manual_seed(7))
+
+    data = Samples(
+        Sample(torch.randint(3, 96, (t,), generator=gen), torch.ones(t, dtype=torch.bool),
+               torch.randn(t, 96, generator=gen), torch.randn(t, 32, generator=gen),
+               torch.randint(0, 96, (t,), generator=gen))
+        for t in (12, 13)
+    )  # fmt: skip
+    m = _tiny(2)
+    for x in data:  # labels: the drafter's own first drafts, so that the figures are not all zero
+        t = len(x)
+        nxt = torch.cat([x.input_ids[1:], torch.zeros(1, dtype=torch.long)])
+        rows = m.run(nxt[None], m.combine(x.aux_hidden)[None], torch.arange(t)[None],
+                     torch.ones(t, t, dtype=torch.bool).tril()[None, None])  # fmt: skip
+        x.target_token[1:] = m.draft_to_target(m.logits(rows)[0, :-1].argmax(-1))
+    whole = po.parallel_stats(m, data, [0, 1], 4)
+    assert whole[0] > 1.5 and 0 < whole[1][1] < 1  # the first drafts land, the slots' partly
+    monkeypatch.setattr(po, "ANCHORS_AT_ONCE", 5)
+    chunked = po.parallel_stats(m, data, [0, 1], 4)
+    assert chunked[0] == pytest.approx(whole[0]) and chunked[1] == pytest.approx(whole[1])

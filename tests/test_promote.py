@@ -38,6 +38,18 @@ def test_production_rules(candidate, incumbent, allowed, failing):
     assert [r.rule for r in d.reasons if not r.ok] == failing
 
 
+def test_production_is_compared_by_speed_up_where_the_two_cycles_cost_apart():
+    """A faster one-pass holder is not replaced by a chain drafter that accepts a little more but pays more a cycle
+    (and the reverse): "not worse than production" reads accept_len over each one's own break-even then."""
+    holder = ev(version="1", L=2.30, lo=2.2, be=1.61)  # a P-EAGLE holder: one pass a cycle, 1.43x
+    chain = ev(L=2.32, lo=2.25, be=1.73)  # an EAGLE-3 candidate: four passes a cycle, 1.34x
+    d = decide(chain, "production", "t", holder)
+    assert not d.allowed and [r.rule for r in d.reasons if not r.ok] == ["not worse than production"]
+    assert "projected speed-up 1.341x" in d.reasons[-1].detail and "1.429x" in d.reasons[-1].detail
+    assert decide(ev(L=2.32, lo=2.25, be=1.55), "production", "t", holder).allowed  # faster than the holder
+    assert decide(ev(L=2.30, lo=2.2, be=1.61), "production", "t", holder).allowed  # one break-even: accept_len
+
+
 def test_margin_and_staging_rules():
     assert decide(ev(L=2.9), "production", "t", ev(version="1", L=3.0), margin=0.2).allowed
     assert decide(ev(L=2.5, lo=2.0), "staging", "t").allowed  # staging needs the mean above break-even only

@@ -132,7 +132,8 @@ def project_fields(raw: dict[str, Any], where: str, kind: str = MODEL_TYPE) -> d
     eagle = {"use_aux_hidden_state": True, **extra}
     eagle["eagle_aux_hidden_state_layer_ids"] = aux_layers.project_ids(handed, "vllm")
     project.update(architectures=[ARCHITECTURE], eagle_config=eagle, draft_vocab_size=raw["draft_vocab_size"])
-    project.update({flag: value for flag, value in flags.items() if value})
+    owned = NORM_FLAGS if kind == MODEL_TYPE else ("norm_before_residual", "norm_before_fc")  # algos.py sets these
+    project.update({flag: flags[flag] for flag in owned})  # over the layer's, both ways, as vLLM builds it
     if raw.get("target_hidden_size") is not None:
         project["target_hidden_size"] = raw["target_hidden_size"]
     return project

@@ -43,6 +43,9 @@ def folder_method(folder: str | Path) -> tuple[ModuleType, dict[str, Any]] | Non
         raise BadInput(f"{path}: not a readable JSON config ({type(exc).__name__})") from None
     if not isinstance(raw, dict):
         raise BadInput(f"{path}: not a JSON object")
+    archs = raw.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise BadInput(f"{path}: field 'architectures' is {archs!r}, not a list of names")
     method = method_of(raw)
     return (method, raw) if method is not None else None
 

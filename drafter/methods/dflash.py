@@ -51,7 +51,7 @@ def pass_parameters(c: DFlashConfig) -> tuple[int, int]:
 
 def detect(raw: dict[str, Any]) -> bool:
     """A config in z-lab's or speculators' DFlash layout."""
-    archs = raw.get("architectures") or []
+    archs = raw.get("architectures") if isinstance(raw.get("architectures"), list) else []
     return "dflash_config" in raw or any("DFlash" in str(a) for a in archs if isinstance(a, str))
 
 

@@ -40,7 +40,7 @@ def drafter_passes(k: int) -> int:  # noqa: ARG001 (every width is one pass)
 
 def detect(raw: dict[str, Any]) -> bool:
     """A config in SpecForge's P-EAGLE layout, speculators' (which names its type) or exported for vLLM (METHOD_KEY)."""
-    archs = raw.get("architectures") or []
+    archs = raw.get("architectures") if isinstance(raw.get("architectures"), list) else []
     named = raw.get("speculators_model_type") == "peagle" or raw.get(METHOD_KEY) == NAME
     return named or any(a in ARCHITECTURES for a in archs)
 
@@ -147,7 +147,8 @@ def fit_checks(folder: Path, target: str | Path) -> list[Check]:
     t = target_facts(target)
     later = ("layers.", "mask_hidden")  # what P-EAGLE adds to EAGLE-3's tensors (layer 0 is EAGLE-3's)
     extras = {n for n in expected_tensors(c) if n.startswith(later) and not n.startswith(EAGLE_LAYER[0])}
-    eagle_view = {n.replace(*EAGLE_LAYER): info for n, info in header.items() if n not in extras}
+    eagle_view = {(EAGLE_LAYER[1] + n[len(EAGLE_LAYER[0]) :] if n.startswith(EAGLE_LAYER[0]) else n): info
+                  for n, info in header.items() if n not in extras}  # fmt: skip
     reader = local_tensor_reader(folder, header)
     checks = check_compat(DrafterFacts(c.base, eagle_view, reader, str(folder)), t)
     tv, th = t.config.vocab_size, t.config.hidden_size
@@ -166,7 +167,13 @@ def fit_checks(folder: Path, target: str | Path) -> list[Check]:
         got = header.get(name)
         checks.append(Check(name, str(list(want[name][1])), "MISSING" if got is None else str(list(got.shape)),
                             got is not None and got.shape == want[name][1]))  # fmt: skip
-    checks.append(Check("draft layers", "any", str(c.num_hidden_layers), True, informational=True))
+    try:  # every tensor at its shape and dtype and nothing else, as import and load hold it (a stray name too)
+        _checked(folder)
+        layout = Check("layout", "every tensor at the config's shape and dtype, nothing else", "as expected", True)
+    except BadInput as exc:
+        layout = Check("layout", "every tensor at the config's shape and dtype, nothing else",
+                       str(exc).removeprefix(f"{folder}: "), False)  # fmt: skip
+    checks += [layout, Check("draft layers", "any", str(c.num_hidden_layers), True, informational=True)]
     return checks
 
 
@@ -207,14 +214,15 @@ def load(folder: str | Path, dtype: Any, embedding: Any, lm_head: Any) -> Any:  
 def save(model: Any, folder: Path, dtype: str | None = None) -> None:
     """A P-EAGLE drafter (drafter/model/peagle.py) as SpecForge ships one, without the embedding (the target's), at
     `dtype` (None: its config's)."""
-    import torch
     from safetensors.torch import save_file
 
     from drafter.formats.checkpoint import EMBED
 
     folder.mkdir(parents=True, exist_ok=True)
+    from drafter.formats.checkpoint import CONFIG_DTYPES, DTYPES
+
     dtype = dtype or model.parallel.base.torch_dtype
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    torch_dtype = DTYPES[CONFIG_DTYPES[dtype]][0]
     state = {k: (v.detach().to(torch_dtype) if v.is_floating_point() else v.detach()).contiguous()
              for k, v in model.state_dict().items() if k != EMBED}  # fmt: skip
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})

@@ -62,6 +62,11 @@ class PEagleConfig:
         if len(set(given.values())) > 1:
             raise BadInput(f"{where}: the mask token fields disagree ({given}): which token fills the slots?")
         mask = next(iter(given.values()))
+        from drafter.formats.checkpoint import CONFIG_DTYPES
+
+        if raw.get("torch_dtype", "bfloat16") not in CONFIG_DTYPES:
+            raise BadInput(f"{where}: field 'torch_dtype' is {raw.get('torch_dtype')!r}, not one of "
+                           f"{', '.join(CONFIG_DTYPES)}")  # fmt: skip
         if raw.get("layer_types") or raw.get("sliding_window"):
             raise BadInput(f"{where}: field 'layer_types'/'sliding_window': a P-EAGLE drafter is read with full "
                            "attention only")  # fmt: skip

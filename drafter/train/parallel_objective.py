@@ -21,6 +21,7 @@ from drafter.train.block_objective import block_acceptance
 from drafter.train.loss import pred_mask_from_loss_mask, target_draft_logits
 
 DEPTHS, RATIO, RATIO_MIN = 4, 0.7, 0.2  # speculators' defaults (docs/user_guide/algorithms/peagle.md)
+ANCHORS_AT_ONCE = 64  # held-out statistics: anchors a forward (k - 1 slot rows each, each over the draft vocabulary)
 
 
 @dataclass
@@ -128,10 +129,14 @@ def parallel_stats(model: PEagleDrafter, dataset, indices: list[int], k: int) ->
 
     head_rows = dataset.target_head()[model.t2d].float()
     correct, valid = [], []
-    for batch in iterate_batches(dataset, indices, 8, shuffle=False):
-        bsz, t = batch.input_ids.shape
-        out = parallel_forward(model, batch, every_slot(t, bsz, k), head_rows)
-        slot_c, slot_v = out.correct[:, t:].reshape(bsz, t, k - 1), out.valid[:, t:].reshape(bsz, t, k - 1)
-        correct.append(torch.cat([out.correct[:, :t, None], slot_c], 2).reshape(-1, k))
-        valid.append(torch.cat([out.valid[:, :t, None], slot_v], 2).reshape(-1, k))
+    for batch in iterate_batches(dataset, indices, 1, shuffle=False):  # memory: rows x draft vocabulary a forward
+        t = batch.input_ids.shape[1]
+        for first in range(0, t, ANCHORS_AT_ONCE):
+            n = min(ANCHORS_AT_ONCE, t - first)
+            slots = every_slot(n, 1, k)
+            slots.anchor += first
+            out = parallel_forward(model, batch, slots, head_rows)
+            own = out.correct[0, first : first + n, None], out.valid[0, first : first + n, None]
+            correct.append(torch.cat([own[0], out.correct[0, t:].reshape(n, k - 1)], 1))
+            valid.append(torch.cat([own[1], out.valid[0, t:].reshape(n, k - 1)], 1))
     return block_acceptance(torch.cat(correct), torch.cat(valid), k)

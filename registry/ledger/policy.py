@@ -166,6 +166,13 @@ def decide(
                 f"production v{incumbent.version} was never evaluated on this profile",
             )
         )
+    elif apart(candidate, incumbent):  # methods whose cycles cost apart: accept_len alone does not compare them
+        mine, theirs = L / candidate.break_even, incumbent.accept_len / incumbent.break_even
+        ok = theirs - margin / incumbent.break_even <= mine
+        d.reasons.append(Reason("not worse than production", ok, f"projected speed-up {mine:.3f}x (accept_len {L:.3f} "
+                                f"/ its break-even {candidate.break_even:.3f}) vs production v{incumbent.version} "
+                                f"{theirs:.3f}x ({incumbent.accept_len:.3f} / {incumbent.break_even:.3f}; margin "
+                                f"{margin:g} accept_len)"))  # fmt: skip
     else:
         ok = incumbent.accept_len - margin <= L
         d.reasons.append(
@@ -176,6 +183,12 @@ def decide(
             )
         )
     return d
+
+
+def apart(a: Evidence, b: Evidence) -> bool:
+    """Two versions whose own cycles price break-even apart on this profile (another draft method, or draft steps
+    priced by size): they are compared by projected speed-up, accept_len over each one's own break-even."""
+    return bool(a.break_even and b.break_even) and abs(a.break_even - b.break_even) > 1e-9
 
 
 def _class_floor(d: Decision, ev: Evidence) -> None:
