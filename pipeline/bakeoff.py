@@ -268,10 +268,8 @@ def decide(c: Any, request: Request, gated: list[Candidate]) -> Outcome:
     flags = {cand.label: cand.flag for cand in gated if cand.flag}
     winner = next((label for label in ranking.order if label not in flags), None)  # a flagged one never is
     verdict = report.verdict(ranking, figures, be, profile.name, incumbent, flags)
-    if len({m.NAME for m in methods.values()}) > 1 and ranking.order:  # the answer names its method
-        verdict += (
-            f" Its method: {methods[ranking.order[0]].LABEL}; each candidate is priced at its own method's cycle."
-        )
+    if len({m.NAME for m in methods.values()}) > 1 and winner is not None:  # the answer names its method
+        verdict += f" Its method: {methods[winner].LABEL}; each candidate is priced at its own method's cycle."
     if flipped:
         verdict += " " + " ".join(flipped)
     code, final, promotion = 0, "ranked; nothing promoted (no --promote)", ""
