@@ -26,32 +26,41 @@ def free_port() -> int:
 @contextlib.contextmanager
 def mlflow_server(folder: Path, backend_uri: str, *extra: str) -> Iterator[str]:
     """A real `mlflow server` on loopback, up (port accepting) before the body runs; yields its URL."""
-    port = free_port()
-    cmd = [
-        str(Path(sys.executable).with_name("mlflow")),
-        "server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--backend-store-uri",
-        backend_uri,
-        "--workers",
-        "1",
-        *extra,
-    ]
-    server = subprocess.Popen(cmd, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _attempt in range(5):  # another test's server may take the free port first: then start on another one
+        port = free_port()
+        cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port),
+               "--backend-store-uri", backend_uri, "--workers", "1", *extra]  # fmt: skip
+        server = subprocess.Popen(cmd, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if _listens_itself(server, port):
+            break
+        server.terminate()
+        server.wait(timeout=30)
+    else:
+        raise RuntimeError("no free port held by our own mlflow server after 5 tries")
     try:
-        for _ in range(120):
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                time.sleep(0.5)
         yield f"http://127.0.0.1:{port}"
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def _listens_itself(server: subprocess.Popen, port: int, wait_s: float = 60.0) -> bool:
+    """Whether `server` (or a process it started: gunicorn's workers) is what listens on `port`: a port that
+    accepts is not proof, since another test's server may have taken it between free_port and the bind."""
+    import psutil
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and server.poll() is None:
+        try:
+            ours = {server.pid, *(c.pid for c in psutil.Process(server.pid).children(recursive=True))}
+            listening = {c.pid for c in psutil.net_connections("tcp")
+                         if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN}  # fmt: skip
+        except psutil.Error:
+            listening, ours = set(), set()
+        if listening & ours:
+            return True
+        time.sleep(0.5)
+    return False
 
 
 def _bin(name: str) -> str | None:
