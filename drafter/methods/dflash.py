@@ -190,11 +190,7 @@ def check_width(folder: Path, k: int, what: str) -> None:
 
 def offline_stats(model: Any, dataset: Any, k: int) -> tuple[float, list[float]]:
     """Teacher-forced (sim_accept_len, conditional acceptance by position) of the blocks of a held-out dataset."""
-    from drafter.data.dataset import layers_for
-    from drafter.train.block_loop import block_stats
-
-    dataset = layers_for(dataset, list(model.config.target_layer_ids))
-    return block_stats(model, dataset, list(range(len(dataset))), k)
+    return held_out(model, dataset, list(range(len(dataset))), k)
 
 
 def checked_header(folder: str | Path) -> dict[str, Any]:

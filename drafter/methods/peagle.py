@@ -97,23 +97,34 @@ def checked_header(folder: str | Path) -> dict[str, Any]:
 
 
 def _checked(folder: str | Path) -> tuple[PEagleConfig, dict[str, Any]]:
-    from drafter.formats.checkpoint import EMBED, read_header
+    """(config, header), the header held to the config's layout (bad input naming the tensor otherwise)."""
+    from drafter.formats.checkpoint import read_header
 
     folder = Path(folder)
-    c = folder_config(folder)
-    header = read_header(folder)
-    for name, (dtype, shape) in expected_tensors(c).items():
+    c, header = folder_config(folder), read_header(folder)
+    problem = layout_problem(c, header)
+    if problem:
+        raise BadInput(f"{folder}: {problem}")
+    return c, header
+
+
+def layout_problem(c: PEagleConfig, header: dict[str, Any]) -> str:
+    """What first keeps `header` from the config's layout (every tensor at its shape and dtype, the embedding
+    optional, nothing else); "" when nothing does."""
+    from drafter.formats.checkpoint import EMBED
+
+    want = expected_tensors(c)
+    for name, (dtype, shape) in want.items():
         got = header.get(name)
         if got is None and name == EMBED:
             continue
         if got is None or got.shape != shape or got.dtype != dtype:
             found = "missing" if got is None else f"{got.dtype} {list(got.shape)}"
-            raise BadInput(f"{folder}: tensor {name} is {found}, the config makes it {dtype} {list(shape)}")
-    extra = sorted(set(header) - set(expected_tensors(c)))
+            return f"tensor {name} is {found}, the config makes it {dtype} {list(shape)}"
+    extra = sorted(set(header) - set(want))
     if extra:
-        raise BadInput(f"{folder}: tensors not in a P-EAGLE drafter of {c.num_hidden_layers} layers: "
-                       f"{', '.join(extra[:5])}")  # fmt: skip
-    return c, header
+        return f"tensors not in a P-EAGLE drafter of {c.num_hidden_layers} layers: {', '.join(extra[:5])}"
+    return ""
 
 
 def pass_parameters(c: PEagleConfig) -> tuple[int, int]:
@@ -167,12 +178,9 @@ def fit_checks(folder: Path, target: str | Path) -> list[Check]:
         got = header.get(name)
         checks.append(Check(name, str(list(want[name][1])), "MISSING" if got is None else str(list(got.shape)),
                             got is not None and got.shape == want[name][1]))  # fmt: skip
-    try:  # every tensor at its shape and dtype and nothing else, as import and load hold it (a stray name too)
-        _checked(folder)
-        layout = Check("layout", "every tensor at the config's shape and dtype, nothing else", "as expected", True)
-    except BadInput as exc:
-        layout = Check("layout", "every tensor at the config's shape and dtype, nothing else",
-                       str(exc).removeprefix(f"{folder}: "), False)  # fmt: skip
+    problem = layout_problem(c, header)  # as import and load hold it (a stray name too), from the header read
+    layout = Check("layout", "every tensor at the config's shape and dtype, nothing else",
+                   problem or "as expected", not problem)  # fmt: skip
     checks += [layout, Check("draft layers", "any", str(c.num_hidden_layers), True, informational=True)]
     return checks
 
@@ -250,9 +258,9 @@ def export_for(src: Path, out: Path, engine: str, k: int) -> dict[str, Any]:
         raise BadInput(f"{src}: {SGLANG_REFUSAL}")
     if engine != "vllm":
         raise BadInput(f"{src}: a P-EAGLE drafter is exported for vllm ({engine} has no P-EAGLE reader)")
-    check_width(src, k, "--k")
-    c = folder_config(src)
-    checked_header(src)
+    if k < 1:
+        raise BadInput(f"--k {k}: a P-EAGLE drafter drafts at least 1")
+    c, _ = _checked(src)  # config and header read once
     out.mkdir(parents=True, exist_ok=True)
     for name in sorted(p.name for p in src.iterdir() if p.suffix == ".safetensors" or p.name.endswith(".index.json")):
         shutil.copyfile(src / name, out / name)
