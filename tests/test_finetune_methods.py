@@ -50,8 +50,12 @@ def test_a_warm_start_of_another_method_is_a_study_registered_in_its_makers_layo
     assert mv.tags["method"] == method and float(mv.tags["val_sim_accept_len"]) > 1.0
     import mlflow
 
-    mlflow.set_tracking_uri(f"sqlite:///{data}/mlflow.db")
-    folder = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{mv.version}", dst_path=str(data / method)))
+    uri = f"models:/{name}/{mv.version}"  # this store named, not set for the process: later tests use their own
+    folder = Path(
+        mlflow.artifacts.download_artifacts(
+            uri, dst_path=str(data / method), tracking_uri=c.tracking_uri, registry_uri=c.tracking_uri
+        )
+    )
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == [architecture]
     from drafter.formats.checkpoint import read_header
@@ -80,3 +84,23 @@ def test_a_one_pass_drafter_over_another_targets_embedding_is_refused_in_one_lin
         dflash.load(MINIWORLD / "zl-mini-dflash", torch.float32, small, small)
     with pytest.raises(BadInput, match=r"target embedding has shape \[300, 32\], the drafter needs \[4096, 128\]"):
         peagle.load(MINIWORLD / "pe-mini-peagle", torch.float32, small, small)
+
+
+def test_a_step_run_here_writes_to_its_own_store_after_a_test_set_mlflows_uri(tmp_path):
+    """mlflow.set_tracking_uri outlives the environment it came with; a step run in this process after it
+    must still register in the store its own environment names (the full tier's flake, reproduced)."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    elsewhere = f"sqlite:///{tmp_path}/elsewhere.db"
+    mlflow.set_tracking_uri(elsewhere)
+    try:
+        args = ["--source", str(MINIWORLD / "zl-mini-dflash"), "--target", str(K25), "--name", "k2.5-mini-dflash"]
+        res = run_step("import_drafter", args, tmp_path, here=True)
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert [m.name for m in MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").search_registered_models()] == [
+        "k2.5-mini-dflash"
+    ]
+    assert MlflowClient(elsewhere).search_registered_models() == []

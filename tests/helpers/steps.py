@@ -129,6 +129,18 @@ def fresh_process_state() -> None:
 
     for module in (_cli, store, signing):
         module.forget_process_state()
+    _forget_mlflow_uris()
+
+
+def _forget_mlflow_uris() -> None:
+    """A URI set with mlflow.set_tracking_uri outlives the environment it came with and wins over
+    MLFLOW_TRACKING_URI: a step run here after one would write to that other store (a full-tier flake: one
+    test's set_tracking_uri sent a later test's registrations elsewhere). MLflow has no public reset."""
+    from mlflow.tracking._model_registry import utils as registry_uris
+    from mlflow.tracking._tracking_service import utils as tracking_uris
+
+    tracking_uris._tracking_uri = None
+    registry_uris._registry_uri = None
 
 
 def run_step_here(name: str, args: list[str], cwd: Path, **extra: str):
