@@ -50,12 +50,10 @@ def test_a_warm_start_of_another_method_is_a_study_registered_in_its_makers_layo
     assert mv.tags["method"] == method and float(mv.tags["val_sim_accept_len"]) > 1.0
     import mlflow
 
-    uri = f"models:/{name}/{mv.version}"  # this store named, not set for the process: later tests use their own
-    folder = Path(
-        mlflow.artifacts.download_artifacts(
-            uri, dst_path=str(data / method), tracking_uri=c.tracking_uri, registry_uri=c.tracking_uri
-        )
-    )
+    # the version's files through this client: mlflow.set_tracking_uri would outlive the test and send later tests'
+    # in-process steps to this store
+    uri = c.get_model_version_download_uri(name, mv.version)
+    folder = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(data / method), tracking_uri=c.tracking_uri))
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == [architecture]
     from drafter.formats.checkpoint import read_header
