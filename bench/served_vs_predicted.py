@@ -13,6 +13,7 @@ import argparse
 
 from bench._common import write_results
 from common import metric_names as names
+from drafter.methods import DEFAULT, named
 from evaluation.measure import served_speedups
 from reports.operating import served_vs_predicted
 from serving.cost import break_even_accept_len
@@ -39,7 +40,8 @@ def rows(store: str, profile_path: str | None) -> list[dict]:
         if not names.by_concurrency(m, "predicted_served_speedup"):
             continue
         k = int(params.get("resolved.draft_steps", params.get("draft_steps", host.draft_steps)))
-        host_k = host.with_draft_steps(k)
+        method = named(run.data.tags.get("draft_method", DEFAULT.NAME))  # what evaluate priced it as
+        host_k = host.shaped(method.SHAPE, method.NAME).with_draft_steps(k)
         row = {
             "run": run.info.run_id,
             "model": params.get("model", ""),
@@ -51,10 +53,11 @@ def rows(store: str, profile_path: str | None) -> list[dict]:
         }
         served = served_speedups(m)
         predicted = names.by_concurrency(m, "predicted_served_speedup")
-        if profile_path:  # another calibration's prediction from the same served figures
-            again = served_vs_predicted(
-                load_profile(profile_path), k, m["engine_accept_len"], served, m.get("engine_delivered_share", 1.0)
-            )
+        row["method"] = method.NAME
+        if profile_path:  # another calibration's prediction from the same served figures, for the run's method
+            shaped = load_profile(profile_path).shaped(method.SHAPE, method.NAME)
+            share = m.get("engine_delivered_share", 1.0)
+            again = served_vs_predicted(shaped, k, m["engine_accept_len"], served, share)
             predicted = names.by_concurrency(again, "predicted_served_speedup")
         for c_, value in predicted.items():
             if c_ in served:
@@ -71,8 +74,8 @@ def report_rows(table: list[dict]) -> list[dict]:
     out = []
     for r in table:
         share = f"{r['delivered_share']:.3f}" if r.get("delivered_share") else "- (uncorrected)"
-        row = {"drafter": r["model"], "k": r["k"], "engine accept_len": f"{r['engine_accept_len']:.3f}",
-               "delivered share": share}  # fmt: skip
+        row = {"drafter": r["model"], "method": r.get("method", DEFAULT.NAME), "k": r["k"],
+               "engine accept_len": f"{r['engine_accept_len']:.3f}", "delivered share": share}  # fmt: skip
         for c in loads:
             x = r.get(c)
             served = (

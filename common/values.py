@@ -79,3 +79,16 @@ def draft_depth(value: str) -> int:
         return integer(value, "draft_steps", 1, MAX_DRAFT_STEPS)
     except BadInput:
         raise BadInput(f"--draft_steps must be a whole number from 1 to {MAX_DRAFT_STEPS}, got {value!r}") from None
+
+
+def traffic_shares(value: str, loads: list[int]) -> dict[int, float]:
+    """--shares: the traffic share of each concurrency (empty or auto: equal), one each, summing to 1."""
+    if not none_if_empty(value):
+        return {c: 1 / len(loads) for c in loads}
+    try:
+        shares = [float(x) for x in value.split(",")]
+    except ValueError:
+        raise BadInput(f"--shares must be comma-separated numbers, got {value!r}") from None
+    if len(shares) != len(loads) or any(not 0 <= s <= 1 for s in shares) or abs(sum(shares) - 1) > 1e-6:
+        raise BadInput(f"--shares needs one share in [0, 1] per concurrency ({len(loads)}), summing to 1")
+    return dict(zip(loads, shares, strict=True))

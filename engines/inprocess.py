@@ -70,7 +70,7 @@ class InProcessRun:
         return [from_trace(a, self.online.k).steps for a in self.online.accepted]
 
     def metrics(self, profile: Profile) -> dict[str, float]:
-        key = (profile.name, profile.digest, profile.draft_shape)
+        key = (profile.name, profile.digest, profile.draft_shape, profile.draft_method)
         if key not in self._figures:
             self._figures[key] = self.online.metrics(profile, self.host)
         return dict(self._figures[key])  # a copy: callers add their own figures to it
@@ -126,5 +126,6 @@ class InProcess:
             )
         from drafter.methods import folder_method_or_default
 
-        host = host_profile()  # this host's cycle, for the drafter's own cycle shape
-        return InProcessRun(online, host=host.shaped(folder_method_or_default(job.folder).SHAPE) if host else None)
+        host = host_profile()  # this host's cycle, for the drafter's own method
+        method = folder_method_or_default(job.folder)
+        return InProcessRun(online, host=host.shaped(method.SHAPE, method.NAME) if host else None)

@@ -67,6 +67,8 @@ def log(request: Request, ev: Evaluation) -> None:
         for engine_log in keep.get("logs", []):
             if Path(engine_log).is_file():
                 mlflow.log_artifact(engine_log, "engine_logs")
+    if request.deployment.draft_method:  # what the figures were priced as (drafter/methods NAME)
+        mlflow.set_tag("draft_method", request.deployment.draft_method)
     model_id = link_version(ev, request.binding.name)
     if several_classes(request, ev):  # the run's description shows every class too
         note = mlflow.get_run(mlflow.active_run().info.run_id).data.tags.get("mlflow.note.content", "")

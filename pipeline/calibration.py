@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,8 @@ class Request:
     engine_python: str | None
     synthetic: bool
     command: str  # how calibrate was called, recorded in the profile
+    method_drafters: tuple[str, ...] = ()  # drafters of other methods (DFlash, P-EAGLE), each timed by width
+    method_widths: tuple[int, ...] = ()
 
 
 @dataclass
@@ -68,6 +70,8 @@ class Timings:
     logs: list[str]
     prompts_digest: str
     t0: float
+    # per other method (drafter/methods NAME): the drafter timed, and its own plain and speculative timings by width
+    methods: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -87,14 +91,15 @@ def measure(request: Request, progress: Progress) -> Timings:
     """Plain and speculative cycles timed on servers the user runs, or on servers launched here."""
     prompts, digest, s = encode(request)
     t0 = time.time()
+    methods: dict = {}
     if request.endpoints:
         plain, spec, measured = time_endpoints(request, prompts, s, progress)
         logs = []
     else:
-        plain, spec, measured, logs = time_launched(request, prompts, s, progress)
+        plain, spec, measured, logs, methods = time_launched(request, prompts, s, progress)
     measured["prompts_count"] = len(prompts)
     measured["target_precision"] = s.dtype
-    return Timings(plain, spec, measured, logs, digest, t0)
+    return Timings(plain, spec, measured, logs, digest, t0, methods)
 
 
 def encode(request: Request):
@@ -123,15 +128,26 @@ def time_launched(request: Request, prompts, s, progress: Progress):
     depths = integers(request.draft_steps, "draft_steps", 1, MAX_CONCURRENCY)
     folder, mv = resolve_model(request.drafter)
     require_fit(folder, request.target, f"drafter {request.drafter} does not fit target {request.target}")
+    other_folders = method_folders(request)  # every one checked before the engine is looked for
     python = environment.find_python("vllm", request.engine_python)
     version = environment.engine_version(python)
     workdir = Path(tempfile.mkdtemp(prefix="drafterops-calibrate-"))
     exported = export.write(Path(folder), workdir / "drafter-vllm", "vllm", depths[-1], request.target)
     served = calibration.Served(python, version, Path(exported.target), exported.folder, workdir)
-    bar, step = progress(1 + len(depths) + request.rounds * len(request.loads))
+    others = {name: (label, exported_for(Path(f), workdir, name, request, python, version))
+              for name, (label, f) in other_folders.items()}  # fmt: skip
+    widths = list(request.method_widths)
+    per_round = request.rounds * len(request.loads)
+    bar, step = progress(1 + len(depths) + per_round + len(others) * (2 + len(widths) + per_round))
     try:
         plain, spec, logs = calibration.measure_launched(served, prompts, s, depths, request.loads, step,
                                                          request.rounds)  # fmt: skip
+        methods = {}
+        for name, (label, other) in others.items():  # a plain server again beside each: the host's drift cancels
+            m_plain, m_spec, m_logs = calibration.measure_launched(other, prompts, s, widths, request.loads, step,
+                                                                   request.rounds)  # fmt: skip
+            methods[name] = {"drafter": label, "plain": m_plain, "spec": m_spec}
+            logs += m_logs
         bar.update()
     finally:
         bar.close()
@@ -153,7 +169,35 @@ def time_launched(request: Request, prompts, s, progress: Progress):
             measured["synthetic"] = why
         else:
             measured["synthetic_sweep"] = calibration.synthetic_sweep(served, prompts, s, depths, request.loads[0])
-    return plain, spec, measured, logs
+    if methods:
+        measured["method_drafters"] = {name: m["drafter"] for name, m in methods.items()}
+        measured["method_widths"] = widths
+    return plain, spec, measured, logs, methods
+
+
+def method_folders(request: Request) -> dict[str, tuple[str, str]]:
+    """Each --method_drafters drafter (one per method other than the chain --drafter's), fitted to the target:
+    {method NAME: (what is timed, its folder)}."""
+    from drafter.methods import DEFAULT, folder_method_or_default
+    from registry.access.resolve import resolve_model  # deferred: torch comes with the registry's store
+
+    out: dict[str, tuple[str, str]] = {}
+    for given in request.method_drafters:
+        folder, mv = resolve_model(given)
+        method = folder_method_or_default(folder)
+        if method is DEFAULT:
+            raise BadInput(f"--method_drafters {given} is an {method.LABEL} drafter: its cycles are --drafter's")
+        if method.NAME in out:
+            raise BadInput(f"--method_drafters names two {method.LABEL} drafters ({out[method.NAME][0]}, {given})")
+        require_fit(folder, request.target, f"drafter {given} does not fit target {request.target}")
+        out[method.NAME] = (f"models:/{mv.name}/{mv.version}" if mv is not None else str(given), str(folder))
+    return out
+
+
+def exported_for(folder: Path, workdir: Path, name: str, request: Request, python: Path, version: str):
+    """How to serve another method's drafter: exported for vLLM at the widest width timed."""
+    exported = export.write(folder, workdir / f"drafter-{name}", "vllm", max(request.method_widths), request.target)
+    return calibration.Served(python, version, Path(exported.target), exported.folder, workdir)
 
 
 def time_endpoints(request: Request, prompts, s, progress: Progress):
@@ -216,6 +260,10 @@ def conclude(request: Request, t: Timings) -> Calibration:
     ops = report.operating_points(
         {c: plain[c].tps for c in loads}, {k: {c: spec[k][c].cycle_ms for c in loads} for k in depths}, request.shares
     )
+    method_cycles = {name: report.method_cycles(m["plain"], m["spec"], plain) for name, m in t.methods.items()}
+    ops = tuple(replace(op, method_cycles=tuple(sorted((name, by_c[op.concurrency])
+                                                       for name, by_c in method_cycles.items())))
+                for op in ops)  # fmt: skip
     deepest = spec[depths[-1]][loads[0]]
     acc_pos = [
         n / r if r else 0.0
@@ -239,11 +287,19 @@ def conclude(request: Request, t: Timings) -> Calibration:
     )
     text = report.profile_text(out.stem, description, ops, serve_k, measured,
                                report.eval_fields_from(yaml.safe_load(source.read_text()), source, out))  # fmt: skip
-    warnings = report.inversions(ops, depths)
+    warnings = report.inversions(ops, depths) + report.method_inversions(ops)
     record = {
         "plain": {str(c): plain[c].to_dict() for c in loads},
         "spec": {str(k): {str(c): spec[k][c].to_dict() for c in loads} for k in depths},
         "operating_points": [op.identity() | {"residuals_ms": op.residuals()} for op in ops],
+        "methods": {
+            name: {
+                "drafter": m["drafter"],
+                "plain": {str(c): m["plain"][c].to_dict() for c in loads},
+                "spec": {str(k): {str(c): by_c[c].to_dict() for c in loads} for k, by_c in m["spec"].items()},
+            }
+            for name, m in t.methods.items()
+        },
         "calibration_drafter_acc_pos": acc_pos,
         "recommended": choice.sentence() if choice else None,
         "timing_inversions": warnings,

@@ -18,6 +18,14 @@ def folders() -> list[str]:
     return [str(MINIWORLD / name) for name in PUBLIC_DRAFTERS if (MINIWORLD / name).is_dir()]
 
 
+def method_drafters() -> str:
+    """The public drafter of each method besides EAGLE-3 (comma-separated): calibrate times each method's own
+    cycles with it, so every method's break-even is its own."""
+    from drafter.methods import DEFAULT, folder_method_or_default  # torch-free, but read only when calibrating
+
+    return ",".join(f for f in folders() if folder_method_or_default(f) is not DEFAULT)
+
+
 def evaluations(p: Pipeline, c: Any, target: str, profile: str) -> list[tuple[str, dict[str, str], tuple[int, ...]]]:
     """Each public drafter imported (two at a time), and the `evaluate` call compare would make of it (the
     profile's own settings: evidence it reuses)."""

@@ -36,6 +36,30 @@ def operating_points(
     return tuple(out)
 
 
+def method_cycles(m_plain: dict, m_spec: dict, plain: dict) -> dict[int, tuple[tuple[int, float], ...]]:
+    """Another method's cycles by width at each concurrency, timed beside a plain server of their own: each is
+    carried onto the main plain server's clock (x its group's plain tok/s / the main one's), so break-even,
+    plain_tps x cycle_ms, is the ratio timed side by side, whatever the host's speed did between the groups."""
+    out = {}
+    for c, main in plain.items():
+        scale = m_plain[c].tps / main.tps
+        out[c] = tuple((k, round(by_c[c].cycle_ms * scale, 4)) for k, by_c in sorted(m_spec.items()))
+    return out
+
+
+def method_inversions(ops: tuple[OperatingPoint, ...]) -> list[str]:
+    """Another method's width timed no dearer than a plain step: as for a chain, noise outran the difference."""
+    out = []
+    for op in ops:
+        for name, points in op.method_cycles:
+            for k, ms in points:
+                if op.plain_tps * ms / 1000.0 <= 1.0:
+                    out.append(f"at concurrency {op.concurrency} a {name} cycle of width {k} timed {ms:.2f} ms, no "
+                               f"dearer than a plain step ({1000.0 / op.plain_tps:.2f} ms): rerun calibrate with "
+                               "more --rounds or --limit")  # fmt: skip
+    return out
+
+
 def inversions(ops: tuple[OperatingPoint, ...], depths: list[int]) -> list[str]:
     """Cycles timed no dearer than one plain step: a cycle verifies k + 1 tokens and drafts k, so this is
     the host's noise outrunning the difference, and a break-even at or below 1 passes any drafter there."""
@@ -80,6 +104,11 @@ def profile_text(
                 "verify_ms": op.verify_ms,
                 "draft_step_ms": op.draft_step_ms,
                 "cycle_ms_measured": dict(op.cycle_ms_measured),
+                **(
+                    {"method_cycle_ms_measured": {m: dict(points) for m, points in op.method_cycles}}
+                    if op.method_cycles
+                    else {}
+                ),
             }
             for op in ops
         ],
@@ -150,6 +179,10 @@ def operating_metrics(ops, depths: list[int]) -> dict[str, float]:
         for k in depths:
             metrics[names.at_depth_and_concurrency("cycle_ms", k, c)] = op.cycle_ms(k)
             metrics[names.at_depth_and_concurrency("break_even", k, c)] = op.break_even(k)
+        for name, points in op.method_cycles:
+            for k, ms in points:
+                metrics[names.at_depth_and_concurrency(f"{name}_cycle_ms", k, c)] = ms
+                metrics[names.at_depth_and_concurrency(f"{name}_break_even", k, c)] = op.plain_tps * ms / 1000.0
     return metrics
 
 
@@ -161,4 +194,18 @@ def table(ops, depths) -> list[str]:
         cells = " | ".join(f"{op.cycle_ms(k):.2f} / {op.break_even(k):.3f}" for k in depths)
         lines.append(f"| {op.concurrency} | {op.share:.0%} | {op.plain_tps:.1f} | {cells} | "
                      f"{op.verify_ms:.2f} + k x {op.draft_step_ms:.3f} |")  # fmt: skip
+    return lines + method_table(ops)
+
+
+def method_table(ops) -> list[str]:
+    """Each other method's own cycles by width and the fit through them, as Markdown rows (none: no rows)."""
+    rows = [(op, name, points) for op in ops for name, points in op.method_cycles]
+    if not rows:
+        return []
+    lines = ["", "| method | concurrency | width: cycle ms / break-even | fit fixed + width x per draft (ms) |",
+             "|---|---|---|---|"]  # fmt: skip
+    for op, name, points in rows:
+        fixed, per = fit_cycle(dict(points))
+        cells = ", ".join(f"{k}: {ms:.2f} / {op.plain_tps * ms / 1000.0:.3f}" for k, ms in points)
+        lines.append(f"| {name} | {op.concurrency} | {cells} | {fixed:.2f} + width x {per:.3f} |")
     return lines

@@ -9,11 +9,13 @@ the depth that maximises projected tok/s at an operating point is the one to ser
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import BadInput
 
+METHOD_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")  # drafter/methods NAME (eagle3, dflash, peagle)
 FIT_TOLERANCE = 0.01  # relative: a stated fit further than this from its own points contradicts them
 
 
@@ -30,10 +32,21 @@ class OperatingPoint:
     # the drafter's cycle shape (drafter/methods): "chain" runs a pass per draft, "block" one pass for all; set on
     # a view for one drafter, never in the identity (the profile as written prices a chain)
     draft_shape: str = "chain"
+    # other draft methods' own cycles, timed by width with a drafter of that method: (method NAME, ((k, ms), ...))
+    method_cycles: tuple[tuple[str, tuple[tuple[int, float], ...]], ...] = ()
+    draft_method: str = ""  # the method a view prices (drafter/methods NAME): its own cycles where timed
+
+    def method_points(self) -> tuple[tuple[int, float], ...]:
+        """The timed cycles of the method this view prices, by width (none: not timed here)."""
+        return dict(self.method_cycles).get(self.draft_method, ())
 
     def cycle_ms(self, k: int) -> float:
-        """A chain's cycle at depth k: timed where k was timed, fitted elsewhere. A block's: the fit's verify plus
-        one pass, at any k (a chain's timed points hold k passes, so none is a block's)."""
+        """A cycle at k drafts. A method timed by width: its own cycle (timed at k, else the fit of its widths). A
+        chain's: timed where k was timed, fitted elsewhere. An untimed block's: the chain fit's verify plus one
+        pass, at any k (a chain's timed points hold k passes, so none is a block's)."""
+        own = self.method_points()
+        if own:
+            return timed_or_fitted(own, k)
         if self.draft_shape == "block":
             return self.verify_ms + self.draft_step_ms
         return dict(self.cycle_ms_measured).get(k, self.verify_ms + k * self.draft_step_ms)
@@ -46,7 +59,7 @@ class OperatingPoint:
         return {k: ms - (self.verify_ms + k * self.draft_step_ms) for k, ms in self.cycle_ms_measured}
 
     def identity(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "concurrency": self.concurrency,
             "share": self.share,
             "plain_tps": self.plain_tps,
@@ -54,9 +67,21 @@ class OperatingPoint:
             "draft_step_ms": self.draft_step_ms,
             "cycle_ms_measured": [list(p) for p in self.cycle_ms_measured],
         }
+        if self.method_cycles:  # left out when none: a profile without them keeps its digest
+            out["method_cycle_ms_measured"] = {m: [list(p) for p in points] for m, points in self.method_cycles}
+        return out
 
     def label(self) -> str:
         return f"concurrency {self.concurrency} ({self.share:.0%} of traffic)"
+
+
+def timed_or_fitted(points: tuple[tuple[int, float], ...], k: int) -> float:
+    """The cycle timed at k, else the least-squares line through the timed ones (one timing: the whole cycle)."""
+    timed = dict(points)
+    if k in timed:
+        return timed[k]
+    fixed, per_draft = fit_cycle(timed)
+    return fixed + k * per_draft
 
 
 def fit_cycle(points: dict[int, float]) -> tuple[float, float]:
@@ -87,7 +112,7 @@ def parse_operating_points(raw: object, path: Path) -> tuple[OperatingPoint, ...
         if not isinstance(item, dict):
             raise BadInput(f"{where} must be a mapping")
         unknown = sorted(set(item) - {"concurrency", "share", "plain_tps", "verify_ms", "draft_step_ms",
-                                      "cycle_ms_measured", "description"})  # fmt: skip
+                                      "cycle_ms_measured", "method_cycle_ms_measured", "description"})  # fmt: skip
         if unknown:
             raise BadInput(f"{where}: unknown field(s) {', '.join(unknown)}")
         c = _whole(item.get("concurrency"), f"{where}.concurrency")
@@ -101,7 +126,8 @@ def parse_operating_points(raw: object, path: Path) -> tuple[OperatingPoint, ...
         if not 0 <= share <= 1 or plain <= 0 or verify <= 0 or step < 0:
             raise BadInput(f"{where}: needs share in [0, 1], plain_tps > 0, verify_ms > 0, draft_step_ms >= 0")
         points = _points(item.get("cycle_ms_measured", {}), f"{where}.cycle_ms_measured")
-        op = OperatingPoint(c, share, plain, verify, step, tuple(sorted(points.items())))
+        methods = _method_cycles(item.get("method_cycle_ms_measured", {}), f"{where}.method_cycle_ms_measured")
+        op = OperatingPoint(c, share, plain, verify, step, tuple(sorted(points.items())), method_cycles=methods)
         if points:
             fv, fs = fit_cycle(points)
             if not (_close(fv, verify) and _close(fs, step, absolute=1e-3)):
@@ -118,6 +144,21 @@ def parse_operating_points(raw: object, path: Path) -> tuple[OperatingPoint, ...
 def primary(points: tuple[OperatingPoint, ...]) -> OperatingPoint:
     """The point that carries the most traffic (the lowest concurrency on a tie): the profile's headline."""
     return max(points, key=lambda op: (op.share, -op.concurrency))
+
+
+def _method_cycles(raw: object, where: str) -> tuple[tuple[str, tuple[tuple[int, float], ...]], ...]:
+    """{method NAME: {width: cycle ms}}: each method's own timed cycles."""
+    if not isinstance(raw, dict):
+        raise BadInput(f"{where} must map a draft method's name to its cycle ms by width")
+    out = []
+    for name, points in raw.items():
+        if not isinstance(name, str) or not METHOD_NAME.fullmatch(name):
+            raise BadInput(f"{where}: {name!r} is not a draft method's name")
+        timed = _points(points, f"{where}.{name}")
+        if not timed:
+            raise BadInput(f"{where}.{name} times no width")
+        out.append((name, tuple(sorted(timed.items()))))
+    return tuple(sorted(out))
 
 
 def _points(raw: object, where: str) -> dict[int, float]:

@@ -14,7 +14,7 @@ import yaml
 
 from common.errors import BadInput
 from common.paths import PROFILE_DIR
-from serving.cycle_model import OperatingPoint, parse_operating_points, primary
+from serving.cycle_model import OperatingPoint, parse_operating_points, primary, timed_or_fitted
 from serving.workload import TrafficClass, context_buckets, parse_workload
 
 DEFAULT_MIN_PROMPTS = 20
@@ -78,21 +78,35 @@ class Profile:
     draft_step_params: int = 0
     # what the production watch does about a drop (registry/watch.Policy's fields): action, tolerance, ...
     watch: dict = field(default_factory=dict, compare=False)
-    # the cycle shape of the drafter this view prices (drafter/methods): set by `shaped`, never in the digest
+    # the cycle shape and method of the drafter this view prices (drafter/methods): set by `shaped`, never in the
+    # digest; method_cycle_points: that method's own timed cycles by width at this view's point (calibrate)
     draft_shape: str = "chain"
+    draft_method: str = ""
+    method_cycle_points: tuple[tuple[int, float], ...] = field(default=())
 
     @property
     def cycle_ms(self) -> float:
+        if self.method_cycle_points:  # the method's own cycles, timed by width
+            return timed_or_fitted(self.method_cycle_points, self.draft_steps)
         if self.draft_shape == "block":  # one drafter pass drafts the whole block, at any width
             return self.verify_ms + self.draft_step_ms
         return dict(self.cycle_points).get(self.draft_steps, self.verify_ms + self.draft_steps * self.draft_step_ms)
 
-    def shaped(self, shape: str) -> Profile:
-        """This profile pricing a drafter of this cycle shape ("chain" or "block"), at every operating point."""
+    def shaped(self, shape: str, method: str = "") -> Profile:
+        """This profile pricing a drafter of this cycle shape ("chain" or "block") and method (drafter/methods NAME),
+        at every operating point: by the method's own cycles where calibrate timed them, else by its shape."""
         if shape not in ("chain", "block"):
             raise ValueError(f"unknown cycle shape {shape!r}")
-        ops = tuple(replace(op, draft_shape=shape) for op in self.operating_points)
-        return replace(self, draft_shape=shape, operating_points=ops)
+        ops = tuple(replace(op, draft_shape=shape, draft_method=method) for op in self.operating_points)
+        if self.concurrency is None:  # the profile's headline figures are its primary point's
+            head = primary(ops).method_points() if ops else ()
+        else:  # a view at one point: that point's own
+            head = next((op.method_points() for op in ops if op.concurrency == self.concurrency), ())
+        return replace(self, draft_shape=shape, draft_method=method, operating_points=ops, method_cycle_points=head)
+
+    def method_timed(self) -> bool:
+        """Whether this view's method was timed by calibrate (its break-even its own cycles'), not shape-priced."""
+        return bool(self.method_cycle_points)
 
     def with_draft_steps(self, k: int) -> Profile:
         return replace(self, draft_steps=k)
@@ -105,7 +119,8 @@ class Profile:
     def at(self, op: OperatingPoint) -> Profile:
         """This profile as served at one operating point (its plain speed and cycle costs)."""
         return replace(self, baseline_tps=op.plain_tps, verify_ms=op.verify_ms, draft_step_ms=op.draft_step_ms,
-                       cycle_points=op.cycle_ms_measured, concurrency=op.concurrency)  # fmt: skip
+                       cycle_points=op.cycle_ms_measured, concurrency=op.concurrency,
+                       method_cycle_points=op.method_points())  # fmt: skip
 
     def serving_points(self) -> list[Profile]:
         """One view per operating point that carries traffic (the profile itself when it names none)."""
@@ -140,6 +155,8 @@ class Profile:
             "draft_step_params",
             "watch",
             "draft_shape",
+            "draft_method",
+            "method_cycle_points",
         }
         out: dict[str, object] = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
         out["workload"] = [c.identity() for c in self.workload]

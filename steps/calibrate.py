@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from cli.spec import Param, Spec
 from cli.step import log_params, run_step, step_run
 from common.errors import BadInput
-from common.values import MAX_CONCURRENCY, MAX_ROUNDS, integer, integers, none_if_empty
+from common.values import MAX_CONCURRENCY, MAX_ROUNDS, integer, integers, none_if_empty, traffic_shares
 from reports import calibration as report
 from reports.plotting import log_figure
 from serving.profile import load_profile, profile_path
@@ -37,6 +37,13 @@ SPEC = Spec(
         Param("concurrency", default="1,4", help="operating points: requests in flight"),
         Param("shares", default="auto", help="traffic share of each concurrency (auto: equal)"),
         Param("drafter", default="miniworld/aq-mini-eagle3", in_repo=True, help="the drafter cycles are timed with"),
+        Param(
+            "method_drafters",
+            default="none",
+            help="drafters of other methods (DFlash, P-EAGLE), comma-separated: "
+            "each method's cycles timed by width, its break-even its own",
+        ),
+        Param("method_widths", default="2,4", help="widths (draft tokens) each --method_drafters drafter is timed at"),
         Param(
             "prompts",
             default="miniworld/prompts/k2.5-val.jsonl",
@@ -69,18 +76,6 @@ def build() -> argparse.ArgumentParser:
     return SPEC.parser()
 
 
-def parse_shares(value: str, loads: list[int]) -> dict[int, float]:
-    if not none_if_empty(value):
-        return {c: 1 / len(loads) for c in loads}
-    try:
-        shares = [float(x) for x in value.split(",")]
-    except ValueError:
-        raise BadInput(f"--shares must be comma-separated numbers, got {value!r}") from None
-    if len(shares) != len(loads) or any(not 0 <= s <= 1 for s in shares) or abs(sum(shares) - 1) > 1e-6:
-        raise BadInput(f"--shares needs one share in [0, 1] per concurrency ({len(loads)}), summing to 1")
-    return dict(zip(loads, shares, strict=True))
-
-
 def run(args: argparse.Namespace) -> int:
     # deferred: torch comes with these, and --help or refused input needs none of it
     from pipeline.calibration import conclude, measure, write_profile
@@ -99,7 +94,7 @@ def parse(args: argparse.Namespace) -> Request:
     from pipeline.calibration import Request
 
     loads = integers(args.concurrency, "concurrency", 1, MAX_CONCURRENCY)
-    shares = parse_shares(args.shares, loads)
+    shares = traffic_shares(args.shares, loads)
     limit = integer(args.limit, "limit", 1)
     max_new = integer(args.max_new_tokens, "max_new_tokens", 2)
     out = Path(none_if_empty(args.out) or "")
@@ -118,10 +113,14 @@ def parse(args: argparse.Namespace) -> Request:
     if not endpoints:
         integers(args.draft_steps, "draft_steps", 1, MAX_CONCURRENCY)  # the depths to launch: checked up front
     rounds = integer(args.rounds, "rounds", 1, MAX_ROUNDS)
+    method_drafters = tuple(d.strip() for d in (none_if_empty(args.method_drafters) or "").split(",") if d.strip())
+    if method_drafters and endpoints:
+        raise BadInput("--method_drafters are timed on servers launched here, not with --endpoint")
+    widths = tuple(integers(args.method_widths, "method_widths", 1, MAX_CONCURRENCY)) if method_drafters else ()
     command = " ".join(shlex.quote(a) for a in ["python", "-m", "steps.calibrate", *sys.argv[1:]])
     return Request(args.target, args.drafter, args.prompts, args.draft_steps, loads, shares, limit, max_new, rounds,
                    out, source, endpoints, plain_url, args.serve_draft_steps, none_if_empty(args.engine_python),
-                   args.synthetic == "yes", command)  # fmt: skip
+                   args.synthetic == "yes", command, method_drafters, widths)  # fmt: skip
 
 
 def progress_bar(shown: bool, steps: int):

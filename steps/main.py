@@ -235,7 +235,7 @@ def calibrated_lines(p: Pipeline, work: Path, wanted: str, results, k: int) -> l
         return []
     out = work / "profiles" / "host-vllm.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
-    p.step("calibrate", {"out": str(out), "overwrite": "yes"})
+    p.step("calibrate", {"out": str(out), "overwrite": "yes", "method_drafters": public_drafters.method_drafters()})
     return main_job.calibrated_lines(load_profile(str(out)), results, k)
 
 

@@ -130,6 +130,7 @@ def test_calibrate_times_real_cycles_and_the_gate_decides_at_each_operating_poin
     cmd = [
         sys.executable, "-m", "steps.calibrate", "--draft_steps", "1,2", "--concurrency", "1,2", "--limit", "4",
         "--max_new_tokens", "24", "--engine_python", str(vllm_python), "--out", str(out), "--no-progress",
+        "--method_drafters", str(ROOT / "miniworld/zl-mini-dflash"), "--method_widths", "1,2",
     ]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -145,11 +146,20 @@ def test_calibrate_times_real_cycles_and_the_gate_decides_at_each_operating_poin
             assert op.cycle_ms(k) > plain_ms / 2, (op, k)  # noise, not a cycle at half a step's cost
             said = f"at concurrency {op.concurrency} a depth-{k} cycle timed {op.cycle_ms(k):.2f} ms, no dearer"
             assert (op.break_even(k) > 1.0) == (said not in done.stderr), (op, k, done.stderr[-2000:])
+        # DFlash's own cycles, timed by width beside a plain server of their own, priced by a DFlash view
+        dflash = dict(op.method_cycles)["dflash"]
+        assert [k for k, _ in dflash] == [1, 2] and all(ms > 0 for _, ms in dflash)
+    assert profile.measured["method_drafters"]["dflash"].endswith("zl-mini-dflash")
+    view = profile.shaped("block", "dflash").with_draft_steps(2)
+    assert view.method_timed() and view.cycle_ms == dict(primary_dflash(profile))[2]
+    assert "| dflash | 1 | 1: " in done.stdout
     c = MlflowClient(env["MLFLOW_TRACKING_URI"])
     run = c.search_runs(
         [e.experiment_id for e in c.search_experiments()], "tags.profile = 'host-vllm-small'", max_results=1
     )[0]
-    assert {"break_even_k2_c1", "cycle_ms_k1_c2", "plain_tps_c2"} <= set(run.data.metrics)
+    assert {"break_even_k2_c1", "cycle_ms_k1_c2", "plain_tps_c2", "dflash_break_even_k2_c2"} <= set(run.data.metrics)
+    record = json.loads(Path(c.download_artifacts(run.info.run_id, "calibration.json", str(tmp_path))).read_text())
+    assert set(record["methods"]) == {"dflash"} and record["methods"]["dflash"]["spec"].keys() == {"1", "2"}
     names = {a.path for a in c.list_artifacts(run.info.run_id)}
     assert {"calibration.json", "served_tps_vs_accept_len.png", "profile"} <= names
 
@@ -171,6 +181,12 @@ def test_calibrate_times_real_cycles_and_the_gate_decides_at_each_operating_poin
         return
     assert "beats break-even at concurrency 1" in decided.stdout and "at concurrency 2" in decided.stdout
     assert "break-even measured by calibrate" in decided.stdout and "serve at" in decided.stdout
+
+
+def primary_dflash(profile):
+    from serving.cycle_model import primary
+
+    return dict(primary(profile.operating_points).method_cycles)["dflash"]
 
 
 def test_the_speculators_export_serves_the_drafter_the_project_measured(store, vllm_python):

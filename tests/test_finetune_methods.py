@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.checks import one_line_exit_2
 from tests.helpers.steps import run_step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,10 +64,49 @@ def test_a_warm_start_of_another_method_is_a_study_registered_in_its_makers_layo
     assert gate.returncode == 0, gate.stdout[-2000:]
 
 
-def test_another_methods_config_from_scratch_is_refused_by_name(tmp_path):
-    res = run_step("finetune", ["--init", "scratch", "--arch", str(MINIWORLD / "zl-mini-dflash"), "--data",
-                                str(tmp_path / "none")], tmp_path, here=True)  # fmt: skip
-    one_line_exit_2(res, "from scratch is not built")
+@pytest.mark.full
+@pytest.mark.parametrize(("drafter", "method"), [("zl-mini-dflash", "dflash"), ("pe-mini-peagle", "peagle")])
+def test_another_methods_drafter_from_scratch_is_a_study_of_fresh_networks(data, drafter, method):
+    """--init scratch --arch <a DFlash or P-EAGLE folder>: each trial builds the method's network from the config
+    alone (random weights; P-EAGLE's draft vocabulary from the data), trains it with the method's objective and the
+    best is registered from scratch, in the method's own model, gated like any version."""
+    from mlflow import MlflowClient
+
+    store = data / f"scratch-{method}"
+    store.mkdir()
+    args = ["--init", "scratch", "--arch", str(MINIWORLD / drafter), "--data", str(data / "train"), "--val_data",
+            str(data / "val"), "--n_trials", "2", "--max_steps", "6", "--batch_size", "4", "--no-progress"]  # fmt: skip
+    res = run_step("finetune", args, store)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    name = f"k2.5-mini-{method}"
+    c = MlflowClient(f"sqlite:///{store}/mlflow.db")
+    (mv,) = c.search_model_versions(f"name='{name}'")
+    assert mv.tags["method"] == method and "parent" not in mv.tags and "Trained from scratch" in mv.description
+    runs = c.search_runs([e.experiment_id for e in c.search_experiments()], "tags.trial_state = 'COMPLETE'")
+    assert len(runs) == 2 and all(r.info.run_name.startswith(f"trial {r.data.params['trial']} scratch") for r in runs)
+    gate = run_step("shape_gate", ["--model", f"models:/{name}/{mv.version}", "--target", str(K25)], store)
+    assert gate.returncode == 0, gate.stdout[-2000:]
+
+
+def test_a_fresh_network_of_each_method_starts_from_its_seed_and_reads_the_targets_embedding():
+    """The scratch builders: a seed is a network (same seed, same weights; another, other weights); norms at 1;
+    DFlash borrows the dataset's embedding and head as they are."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from drafter.methods import DEFAULT, config_method, dflash, peagle
+    from drafter.model.config import DrafterConfig
+
+    cfg = dflash.folder_config(MINIWORLD / "zl-mini-dflash")
+    assert config_method(cfg) is dflash and config_method(peagle.folder_config(MINIWORLD / "pe-mini-peagle")) is peagle
+    assert config_method(DrafterConfig.from_file(MINIWORLD / "aq-mini-eagle3" / "config.json")) is DEFAULT
+    emb, head = (torch.randn(cfg.vocab_size, cfg.hidden_size) for _ in range(2))
+    ds = SimpleNamespace(target_embedding=lambda: emb, target_head=lambda: head)  # what scratch reads of a dataset
+    a, b, other = (dflash.scratch(cfg, ds, [0], seed) for seed in (1, 1, 2))
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    assert not torch.equal(a.fc.weight, other.fc.weight)
+    assert torch.equal(a.norm.weight, torch.ones_like(a.norm.weight)) and torch.equal(a.embed, ds.target_embedding())
 
 
 def test_a_one_pass_drafter_over_another_targets_embedding_is_refused_in_one_line():

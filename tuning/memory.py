@@ -16,14 +16,10 @@ from drafter.train.loop import TrainConfig, load_ds_config
 
 
 def init_config(init: str, arch: str) -> DrafterConfig | None:
-    """The drafter config `init` names, reading config.json only (no weights); None for a warm start of another
-    draft method, whose one-pass trial the plan does not model (drafter/train/one_pass.py)."""
+    """The drafter config `init` names, reading config.json only (no weights); None for another draft method
+    (a warm start or from scratch), whose one-pass trial the plan does not model (drafter/train/one_pass.py)."""
     if init == "scratch":
-        cfg = _eagle3_config(Path(arch) / "config.json" if Path(arch).is_dir() else Path(arch), init)
-        if cfg is None:
-            raise BadInput(f"--arch {arch}: another draft method's config; finetune trains one from a warm start only "
-                           "(--init its folder or version): from scratch is not built")  # fmt: skip
-        return cfg
+        return _eagle3_config(Path(arch) / "config.json" if Path(arch).is_dir() else Path(arch), init)
     if init.startswith("models:/"):
         from registry.access import store
 

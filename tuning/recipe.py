@@ -101,9 +101,9 @@ class FinetuneRecipe:
         )
         if self.multi and self.rank0:
             dist.barrier()
-        from drafter.methods import DEFAULT, model_method
+        from drafter.methods import DEFAULT, config_method, model_method
 
-        found = model_method(self.base_model)
+        found = model_method(self.base_model) if self.base_model is not None else config_method(self.drafter_config)
         self.method = None if found is DEFAULT else found  # its own objective, layout and registered model
         parent_name = self.parent.name if self.parent is not None else None
         method = "eagle3" if self.method is None else self.method.NAME

@@ -15,12 +15,17 @@ def prepare_init(init: str, dataset: Any, arch: str):
     import torch
 
     from drafter.formats.checkpoint import load_drafter
-    from drafter.methods import folder_method
+    from drafter.methods import config_file_method, folder_method
     from drafter.model.config import DrafterConfig
     from drafter.train.loop import attach_target_embedding, check_fit
 
     if init == "scratch":
-        cfg = DrafterConfig.from_file(Path(arch) / "config.json" if Path(arch).is_dir() else arch)
+        path = Path(arch) / "config.json" if Path(arch).is_dir() else Path(arch)
+        other = config_file_method(path)
+        if other is not None:  # another draft method's network, built fresh in each trial (tuning/trial.py)
+            _reads_fit(arch, *other[0].config_reads(other[1]), dataset)
+            return None, other[1], None
+        cfg = DrafterConfig.from_file(path)
         check_fit(cfg, dataset)
         return None, cfg, None
     mv = None
@@ -44,18 +49,22 @@ def prepare_init(init: str, dataset: Any, arch: str):
         folder = resolve_drafter(init).folder
     found = folder_method(folder)
     if found is not None:  # another draft method: loaded over the dataset's target embedding and head
-        from drafter.data.dataset import layers_for
-
-        layers, hidden = found[0].reads(folder)
-        layers_for(dataset, layers)  # bad input naming the layers it lacks
-        if int(dataset.hidden_size) != hidden:
-            raise BadInput(f"{init}: reads target states {hidden} wide; the dataset's are {dataset.hidden_size}")
+        _reads_fit(init, *found[0].reads(folder), dataset)
         model = found[0].load(folder, torch.float32, dataset.target_embedding(), dataset.target_head())
         return model, model.config, mv
     model = load_drafter(folder)
     check_fit(model.config, dataset)
     attach_target_embedding(model, dataset)
     return model, model.config, mv
+
+
+def _reads_fit(what: str, layers: list[int], hidden: int, dataset: Any) -> None:
+    """Another method's drafter reads these target layers at this width: the dataset must hold them."""
+    from drafter.data.dataset import layers_for
+
+    layers_for(dataset, layers)  # bad input naming the layers it lacks
+    if int(dataset.hidden_size) != hidden:
+        raise BadInput(f"{what}: reads target states {hidden} wide; the dataset's are {dataset.hidden_size}")
 
 
 def init_digest(init: str, parent: Any) -> str:

@@ -88,11 +88,12 @@ def run_trial(trial: Any, s: Study) -> float:
     key = trial.user_attrs["checkpoint_key"]
     ckpt = s.checkpoints / key
     cfg = replace(s.base, **params, checkpoint_dir=str(ckpt))
-    model = (
-        scratch_drafter(s.drafter_config, s.dataset, s.train_indices, cfg.seed)
-        if s.base_model is None
-        else _copy(s.base_model)
-    )
+    if s.base_model is not None:
+        model = _copy(s.base_model)
+    elif s.method is None:
+        model = scratch_drafter(s.drafter_config, s.dataset, s.train_indices, cfg.seed)
+    else:  # another method's network from its config, fresh for this trial's seed
+        model = s.method.scratch(s.drafter_config, s.dataset, s.train_indices, cfg.seed)
     resumed = resumable_step(ckpt)
     label = ", ".join(f"{k} {v:.2g}" if isinstance(v, float) else f"{k} {v}" for k, v in sorted(params.items()))
     role = "scratch" if s.base_model is None else "warm"

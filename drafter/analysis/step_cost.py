@@ -63,7 +63,8 @@ def priced_for_folder(profile: Any, folder: str | Path) -> tuple[Any, Any, str]:
     from drafter.methods import folder_method_or_default
     from serving.cost import priced_for
 
-    shaped = profile.shaped(folder_method_or_default(folder).SHAPE)
+    method = folder_method_or_default(folder)
+    shaped = profile.shaped(method.SHAPE, method.NAME)
     priced, said = priced_for(shaped, folder_step_cost(folder).per_step)
     return shaped, priced, said
 

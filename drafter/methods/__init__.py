@@ -8,7 +8,8 @@ engines' names for it), `SHAPE` (chain or block),
 `check_width`, `load` and `offline_stats`; `VLLM_FLAGS` (beside `method` in vLLM's speculative config) and
 `SGLANG_REFUSAL` where SGLang cannot serve it (`SGLANG_ALGORITHM` None). The others also give
 `detect(raw config) -> bool`, `owns(model) -> bool`, `train` and `held_out` (finetune's trial), `read_config`
-(every field checked), `checked_header`, `pass_parameters`,
+(every field checked) and `CONFIG` (the class it returns), `scratch` and `config_reads` (finetune from scratch),
+`checked_header`, `pass_parameters`,
 `save` and `export_for` (their makers' layout). EAGLE-3 is read by drafter/formats and gated by
 drafter/analysis/compat.
 """
@@ -48,6 +49,22 @@ def folder_method(folder: str | Path) -> tuple[ModuleType, dict[str, Any]] | Non
         raise BadInput(f"{path}: field 'architectures' is {archs!r}, not a list of names")
     method = method_of(raw)
     return (method, raw) if method is not None else None
+
+
+def config_method(config: Any) -> ModuleType:
+    """The method whose `read_config` made `config` (EAGLE-3 for its own DrafterConfig), by each method's CONFIG."""
+    return next((m for m in METHODS if isinstance(config, m.CONFIG)), DEFAULT)
+
+
+def config_file_method(path: Path) -> tuple[ModuleType, Any] | None:
+    """(the method, its checked config) when the config file at `path` is another method's; None for EAGLE-3's
+    (or a file that is no JSON object: EAGLE-3's reader then says what is wrong with it, naming the file)."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    method = method_of(raw) if isinstance(raw, dict) else None
+    return (method, method.read_config(raw, str(path))) if method is not None else None
 
 
 def model_method(model: Any) -> ModuleType:

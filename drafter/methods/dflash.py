@@ -25,6 +25,7 @@ NAME = "dflash"
 LABEL = "DFlash"  # as a user writes it
 VLLM_METHOD = "dflash"  # vLLM's speculative_config method (vllm/v1/spec_decode/dflash.py)
 SGLANG_ALGORITHM = "DFLASH"  # --speculative-algorithm (SGLang PR #16818)
+CONFIG = DFlashConfig  # what read_config returns (drafter.methods.config_method)
 SHAPE = "block"  # one drafter pass a cycle drafts the whole block
 LAYOUT = "z-lab"  # the folder as z-lab ships it, which vLLM loads as it is
 LAYER_TENSORS = (  # 11 per layer, Qwen3-style
@@ -165,8 +166,24 @@ def save(model: Any, folder: Path, num_target_layers: int | None = None, dtype: 
 
 def reads(folder: Path) -> tuple[list[int], int]:
     """(the target layers it reads, the target hidden size it expects), from its config alone (make_data)."""
-    c = folder_config(folder)
+    return config_reads(folder_config(folder))
+
+
+def config_reads(c: DFlashConfig) -> tuple[list[int], int]:
     return list(c.target_layer_ids), int(c.hidden_size)
+
+
+def scratch(c: DFlashConfig, dataset: Any, train_indices: list[int], seed: int = 0) -> Any:  # noqa: ARG001
+    """A DFlash drafter of this config with random weights (N(0, 0.02), norms at 1, as Qwen3 starts) over the
+    dataset's target embedding and head (finetune --init scratch --arch <a DFlash config>)."""
+    from drafter.model.dflash import DFlashDrafter
+
+    embedding, head = dataset.target_embedding(), dataset.target_head()
+    if embedding is None or head is None:
+        raise BadInput("the dataset carries no target embedding and head (a DFlash drafter borrows both)")
+    model = DFlashDrafter(c, embedding.float(), head.float())
+    model.init_weights(seed)
+    return model
 
 
 def fit_checks(folder: Path, target: str | Path) -> list[Check]:

@@ -23,6 +23,7 @@ VLLM_METHOD = "eagle3"  # with parallel_drafting (vLLM PR #32887)
 VLLM_FLAGS = {"parallel_drafting": True}  # beside `method` in --speculative-config
 SGLANG_ALGORITHM = None
 SGLANG_REFUSAL = "SGLang has not merged P-EAGLE (sglang PR #27498 is open): serve it with vLLM (parallel_drafting)"
+CONFIG = PEagleConfig  # what read_config returns (drafter.methods.config_method)
 SHAPE = "block"  # one drafter pass a cycle drafts all k (k rows, causal by depth)
 LAYOUT = "specforge"
 EAGLE_LAYER = ("layers.0.", "midlayer.")  # layer 0 under SpecForge's name, and under EAGLE-3's
@@ -141,8 +142,20 @@ def pass_parameters(c: PEagleConfig) -> tuple[int, int]:
 
 def reads(folder: Path) -> tuple[list[int], int]:
     """(the target layers it reads, the target hidden size it expects), from its config alone (make_data)."""
-    c = folder_config(folder)
+    return config_reads(folder_config(folder))
+
+
+def config_reads(c: PEagleConfig) -> tuple[list[int], int]:
     return list(c.aux_layer_ids), int(c.base.target_hidden)
+
+
+def scratch(c: PEagleConfig, dataset: Any, train_indices: list[int], seed: int = 0) -> Any:
+    """A P-EAGLE drafter of this config with random weights, its draft vocabulary from the training data's token
+    counts and the target's embedding, as an EAGLE-3 drafter from scratch (finetune --init scratch)."""
+    from drafter.model.peagle import PEagleDrafter
+    from drafter.train.loop import scratch_drafter
+
+    return scratch_drafter(c.base, dataset, train_indices, seed, model=PEagleDrafter(c))
 
 
 def fit_checks(folder: Path, target: str | Path) -> list[Check]:

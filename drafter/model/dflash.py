@@ -213,6 +213,15 @@ class DFlashDrafter(nn.Module):
         self.register_buffer("embed", embedding.detach(), persistent=False)
         self.register_buffer("head", lm_head.detach(), persistent=False)
 
+    def init_weights(self, seed: int = 0, std: float = 0.02) -> None:
+        """Random init for training from scratch: N(0, std), norms at 1 (the borrowed embedding and head are
+        buffers, untouched)."""
+        gen = torch.Generator().manual_seed(seed)
+        norms = {f"{name}.weight" for name, m in self.named_modules() if isinstance(m, RMSNorm)}
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                p.copy_(torch.ones_like(p) if name in norms else torch.randn(p.shape, generator=gen) * std)
+
     @property
     def block_size(self) -> int:
         return self.config.block_size
