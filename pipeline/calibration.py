@@ -190,6 +190,7 @@ def method_folders(request: Request) -> dict[str, tuple[str, str]]:
         if method.NAME in out:
             raise BadInput(f"--method_drafters names two {method.LABEL} drafters ({out[method.NAME][0]}, {given})")
         require_fit(folder, request.target, f"drafter {given} does not fit target {request.target}")
+        method.check_width(Path(folder), max(request.method_widths), "--method_widths")
         out[method.NAME] = (f"models:/{mv.name}/{mv.version}" if mv is not None else str(given), str(folder))
     return out
 

@@ -44,6 +44,13 @@ def method_cycles(m_plain: dict, m_spec: dict, plain: dict) -> dict[int, tuple[t
     for c, main in plain.items():
         scale = m_plain[c].tps / main.tps
         out[c] = tuple((k, round(by_c[c].cycle_ms * scale, 4)) for k, by_c in sorted(m_spec.items()))
+        fixed, _ = fit_cycle(dict(out[c]))
+        if fixed <= 0:
+            timed = ", ".join(f"width {k}: {ms:.1f} ms" for k, ms in out[c])
+            raise InternalError(
+                f"another method's cycles at concurrency {c} ({timed}) fit a cost of {fixed:.2f} ms <= 0 before the "
+                "first draft: the host's speed moved too much while they were timed; rerun calibrate with more --rounds"
+            )
     return out
 
 

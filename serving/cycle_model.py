@@ -16,6 +16,7 @@ from pathlib import Path
 from common.errors import BadInput
 
 METHOD_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")  # drafter/methods NAME (eagle3, dflash, peagle)
+CHAIN_METHOD = "eagle3"  # drafter/methods DEFAULT.NAME: its cycles are the operating point's own cycle_ms_measured
 FIT_TOLERANCE = 0.01  # relative: a stated fit further than this from its own points contradicts them
 
 
@@ -154,9 +155,15 @@ def _method_cycles(raw: object, where: str) -> tuple[tuple[str, tuple[tuple[int,
     for name, points in raw.items():
         if not isinstance(name, str) or not METHOD_NAME.fullmatch(name):
             raise BadInput(f"{where}: {name!r} is not a draft method's name")
+        if name == CHAIN_METHOD:
+            raise BadInput(f"{where}: {name}'s cycles are the point's own cycle_ms_measured, not another method's")
         timed = _points(points, f"{where}.{name}")
         if not timed:
             raise BadInput(f"{where}.{name} times no width")
+        fixed, _ = fit_cycle(timed)
+        if fixed <= 0:  # extrapolated to a narrower width, the line would price a cycle at or below nothing
+            raise BadInput(f"{where}.{name}: the line through its widths costs {fixed:.3f} ms before the first "
+                           "draft (<= 0): timings too uneven to price any other width")  # fmt: skip
         out.append((name, tuple(sorted(timed.items()))))
     return tuple(sorted(out))
 

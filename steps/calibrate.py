@@ -113,14 +113,16 @@ def parse(args: argparse.Namespace) -> Request:
     if not endpoints:
         integers(args.draft_steps, "draft_steps", 1, MAX_CONCURRENCY)  # the depths to launch: checked up front
     rounds = integer(args.rounds, "rounds", 1, MAX_ROUNDS)
-    method_drafters = tuple(d.strip() for d in (none_if_empty(args.method_drafters) or "").split(",") if d.strip())
-    if method_drafters and endpoints:
-        raise BadInput("--method_drafters are timed on servers launched here, not with --endpoint")
-    widths = tuple(integers(args.method_widths, "method_widths", 1, MAX_CONCURRENCY)) if method_drafters else ()
+    named = none_if_empty(args.method_drafters) or ""
+    method_drafters = tuple(d.strip() for d in named.split(",") if d.strip())
+    if named and not method_drafters or method_drafters and endpoints:
+        raise BadInput(f"--method_drafters {named!r} names no drafter" if not method_drafters else
+                       "--method_drafters are timed on servers launched here, not with --endpoint")  # fmt: skip
+    widths = tuple(integers(args.method_widths, "method_widths", 1, MAX_CONCURRENCY))
     command = " ".join(shlex.quote(a) for a in ["python", "-m", "steps.calibrate", *sys.argv[1:]])
     return Request(args.target, args.drafter, args.prompts, args.draft_steps, loads, shares, limit, max_new, rounds,
                    out, source, endpoints, plain_url, args.serve_draft_steps, none_if_empty(args.engine_python),
-                   args.synthetic == "yes", command, method_drafters, widths)  # fmt: skip
+                   args.synthetic == "yes", command, method_drafters, widths if method_drafters else ())  # fmt: skip
 
 
 def progress_bar(shown: bool, steps: int):

@@ -94,6 +94,8 @@ BAD = [
     (_with(dflash_causal="yes"), "'dflash_config.causal' is 'yes'"),
     (_with(rope_scaling=[64]), "'rope_scaling' is \\[64\\]"),
     (_with(num_hidden_layers=10**9), "'num_hidden_layers' is 1000000000: more than 128 is no drafter"),
+    (_with(num_key_value_heads=5), "'num_attention_heads' 64 is not a multiple of 'num_key_value_heads' 5"),
+    (_with(hidden_act="nonsense"), "'hidden_act' is 'nonsense'; a DFlash layer runs 'silu'"),
 ]
 
 

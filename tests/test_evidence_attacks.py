@@ -409,6 +409,13 @@ def test_a_block_drafter_priced_below_one_on_a_profile_above_it_is_no_evidence(t
                        tmp_path, here=True)  # fmt: skip
         _refused(res, "profile cheap, priced for this drafter (a block cycle): its cycle costs no more than plain")
         assert "break-even 0.800 <= 1" in res.stdout, res.stdout[-2000:]
+    # the method is read from the version's files, never its tag: labelled a chain, it is still priced as a block
+    from mlflow import MlflowClient
+
+    MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").set_model_version_tag("zl-mini-dflash", "1", "method", "eagle3")
+    res = run_step("promote", ["--model", uri, "--profile", str(tmp_path / "cheap.yaml"), "--stage", "staging"],
+                   tmp_path, here=True)  # fmt: skip
+    _refused(res, "priced for this drafter (a block cycle)")
     # positive control: the same evidence on the profile at 26 tok/s (a block's break-even 1.040) promotes it to staging
     fair = (tmp_path / "cheap.yaml").read_text().replace("baseline_tps: 20", "baseline_tps: 26")
     (tmp_path / "fair.yaml").write_text(fair.replace("name: cheap", "name: fair"))

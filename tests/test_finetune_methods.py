@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.checks import one_line_exit_2
 from tests.helpers.steps import run_step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,27 +66,64 @@ def test_a_warm_start_of_another_method_is_a_study_registered_in_its_makers_layo
 
 
 @pytest.mark.full
-@pytest.mark.parametrize(("drafter", "method"), [("zl-mini-dflash", "dflash"), ("pe-mini-peagle", "peagle")])
-def test_another_methods_drafter_from_scratch_is_a_study_of_fresh_networks(data, drafter, method):
-    """--init scratch --arch <a DFlash or P-EAGLE folder>: each trial builds the method's network from the config
-    alone (random weights; P-EAGLE's draft vocabulary from the data), trains it with the method's objective and the
-    best is registered from scratch, in the method's own model, gated like any version."""
+def test_another_methods_drafter_from_scratch_is_a_study_of_fresh_networks(data):
+    """--init scratch --arch <a DFlash, then a P-EAGLE folder> on the same data and store: each trial builds the
+    method's network from the config alone (random weights; P-EAGLE's draft vocabulary from the data), trains it with
+    the method's objective, and the best is registered from scratch in the method's own model, gated like any
+    version. The second is a study of its own (the arch is part of its name), not the first one resumed."""
+    import mlflow
     from mlflow import MlflowClient
 
-    store = data / f"scratch-{method}"
+    store = data / "scratch"
     store.mkdir()
-    args = ["--init", "scratch", "--arch", str(MINIWORLD / drafter), "--data", str(data / "train"), "--val_data",
-            str(data / "val"), "--n_trials", "2", "--max_steps", "6", "--batch_size", "4", "--no-progress"]  # fmt: skip
-    res = run_step("finetune", args, store)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-    name = f"k2.5-mini-{method}"
     c = MlflowClient(f"sqlite:///{store}/mlflow.db")
-    (mv,) = c.search_model_versions(f"name='{name}'")
-    assert mv.tags["method"] == method and "parent" not in mv.tags and "Trained from scratch" in mv.description
+    for drafter, method, architecture in (("zl-mini-dflash", "dflash", "DFlashDraftModel"),
+                                          ("pe-mini-peagle", "peagle", "PEagleDraftModel")):  # fmt: skip
+        args = ["--init", "scratch", "--arch", str(MINIWORLD / drafter), "--data", str(data / "train"), "--val_data",
+                str(data / "val"), "--n_trials", "2", "--max_steps", "6", "--batch_size", "4",
+                "--no-progress"]  # fmt: skip
+        res = run_step("finetune", args, store)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+        name = f"k2.5-mini-{method}"
+        (mv,) = c.search_model_versions(f"name='{name}'")
+        assert mv.tags["method"] == method and "parent" not in mv.tags and "Trained from scratch" in mv.description
+        uri = c.get_model_version_download_uri(name, mv.version)
+        files = Path(
+            mlflow.artifacts.download_artifacts(uri, dst_path=str(store / method), tracking_uri=c.tracking_uri)
+        )
+        assert json.loads((files / "config.json").read_text())["architectures"] == [architecture]
+        gate = run_step("shape_gate", ["--model", f"models:/{name}/{mv.version}", "--target", str(K25)], store)
+        assert gate.returncode == 0, gate.stdout[-2000:]
     runs = c.search_runs([e.experiment_id for e in c.search_experiments()], "tags.trial_state = 'COMPLETE'")
-    assert len(runs) == 2 and all(r.info.run_name.startswith(f"trial {r.data.params['trial']} scratch") for r in runs)
-    gate = run_step("shape_gate", ["--model", f"models:/{name}/{mv.version}", "--target", str(K25)], store)
-    assert gate.returncode == 0, gate.stdout[-2000:]
+    assert len(runs) == 4 and all(r.info.run_name.startswith(f"trial {r.data.params['trial']} scratch") for r in runs)
+
+
+def _broken(tmp: Path, **changes) -> Path:
+    raw = json.loads((MINIWORLD / "zl-mini-dflash" / "config.json").read_text())
+    for key, value in changes.items():
+        (raw["dflash_config"] if key == "mask_token_id" else raw)[key] = value
+    path = tmp / "config.json"
+    path.write_text(json.dumps(raw))
+    return path
+
+
+@pytest.mark.full
+@pytest.mark.parametrize(("changes", "said"), [
+    ({"num_target_layers": 12}, ("does not fit the dataset's target", "num_target_layers: expected 6, got 12")),
+    ({"mask_token_id": 99999}, ("does not fit the dataset's target", "mask token")),
+    ({"vocab_size": 5000}, ("does not fit the dataset's target", "vocab")),
+    ({"num_key_value_heads": 3}, ("is not a multiple of 'num_key_value_heads' 3",)),
+])  # fmt: skip
+def test_a_scratch_config_that_cannot_train_on_the_data_is_refused_before_any_trial(data, tmp_path, changes, said):
+    from mlflow import MlflowClient
+
+    args = ["--init", "scratch", "--arch", str(_broken(tmp_path, **changes)), "--data", str(data / "train"),
+            "--n_trials", "1", "--max_steps", "2", "--no-progress"]  # fmt: skip
+    res = run_step("finetune", args, tmp_path, here=True)
+    one_line_exit_2(res, *said)
+    c = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    assert c.search_registered_models() == []
+    assert c.search_runs([e.experiment_id for e in c.search_experiments()], "tags.trial_state != ''") == []
 
 
 def test_a_fresh_network_of_each_method_starts_from_its_seed_and_reads_the_targets_embedding():

@@ -66,15 +66,24 @@ def test_method_cycles_are_part_of_the_profiles_identity(tmp_path):
 @pytest.mark.parametrize(("timed", "said"), [
     ({1: {"DFlash!": {2: 20.0}}}, "is not a draft method's name"),
     ({1: {"dflash": {}}}, "times no width"),
+    ({1: {"eagle3": {2: 5.0}}}, "eagle3's cycles are the point's own cycle_ms_measured"),
     ({1: {"dflash": {0: 20.0}}}, "whole number in [1, 4096]"),
     ({1: {"dflash": {2: -3.0}}}, "must be > 0 ms"),
     ({1: {"dflash": [20.0]}}, "must map draft depth to cycle ms"),
     ({1: ["dflash"]}, "must map a draft method's name"),
+    ({1: {"dflash": {2: 10.0, 4: 30.0}}}, "costs -10.000 ms before the first draft"),
 ])  # fmt: skip
 def test_a_malformed_method_cycle_is_refused_in_one_line(tmp_path, timed, said):
     with pytest.raises(BadInput, match=said.replace("[", r"\[").replace("]", r"\]")) as caught:
         load_profile(str(method_profile(tmp_path, timed)))
     assert "\n" not in str(caught.value) and "method_cycle_ms_measured" in str(caught.value)
+
+
+def test_the_chain_methods_name_is_the_one_drafter_methods_gives_it():
+    from drafter.methods import DEFAULT
+    from serving.cycle_model import CHAIN_METHOD
+
+    assert DEFAULT.NAME == CHAIN_METHOD
 
 
 def test_a_methods_cycles_are_carried_onto_the_main_plain_servers_clock():
@@ -109,10 +118,46 @@ def test_a_calibration_with_methods_writes_a_profile_that_loads_and_says_each_wi
     assert "peagle cycle of width 2 timed 12.00 ms, no dearer than a plain step (12.50 ms)" in warning
 
 
+def test_timings_too_uneven_to_price_another_width_are_a_failed_measurement():
+    from common.errors import InternalError
+
+    plain = {1: Timing(1, 4, 100, 1.0)}
+    steep = {2: {1: Timing(1, 4, 60, 0.2, cycles=20)}, 4: {1: Timing(1, 4, 70, 0.6, cycles=20)}}  # 10 and 30 ms
+    with pytest.raises(InternalError, match="fit a cost of -10.00 ms <= 0 before the first draft"):
+        report.method_cycles(plain, steep, plain)
+
+
+def test_a_timed_method_is_not_priced_by_the_chains_step_size_and_says_so(tmp_path):
+    """priced_for scales a chain's draft steps by what a step reads; a method's own timed cycles were another drafter
+    of its method's, so they are left as timed, and the sentence says so instead of claiming a scaling."""
+    from serving.cost import priced_for
+
+    raw = yaml.safe_load(method_profile(tmp_path).read_text())
+    raw["draft_step_params"] = 344576
+    (tmp_path / "sized.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    dflash = load_profile(str(tmp_path / "sized.yaml")).shaped("block", "dflash")
+    same, note = priced_for(dflash, 10 * 344576)
+    assert same is dflash and "not priced by drafter size: its dflash cycles" in note
+    chain, said = priced_for(load_profile(str(tmp_path / "sized.yaml")).shaped("chain", "eagle3"), 2 * 344576)
+    assert chain.draft_step_ms == pytest.approx(2 * raw["draft_step_ms"]) and "priced at 2.00x" in said
+
+
+def test_a_profile_naming_an_unknown_method_is_refused_where_a_drafter_is_priced(tmp_path):
+    from drafter.analysis.step_cost import priced_for_folder
+
+    profile = load_profile(str(method_profile(tmp_path, {1: {"dfash": {2: 24.0}}})))  # loads: serving knows no names
+    with pytest.raises(BadInput, match="method_cycle_ms_measured names dfash, not a draft method other than eagle3"):
+        priced_for_folder(profile, ROOT / "miniworld/zl-mini-dflash")
+
+
 @pytest.mark.parametrize(("extra", "said"), [
     (["--method_drafters", "miniworld/aq-mini-eagle3"], "is an EAGLE-3 drafter: its cycles are --drafter's"),
     (["--method_drafters", "miniworld/zl-mini-dflash,miniworld/zl-mini-dflash"], "names two DFlash drafters"),
     (["--method_drafters", "miniworld/zl-mini-dflash", "--method_widths", "0"], "--method_widths must be whole"),
+    (["--method_widths", "abc"], "--method_widths must be comma-separated whole numbers"),
+    (["--method_drafters", ","], "--method_drafters ',' names no drafter"),
+    (["--method_drafters", "miniworld/zl-mini-dflash", "--method_widths", "2,8"],
+     "--method_widths 8: a DFlash drafter"),
     (["--method_drafters", "miniworld/zl-mini-dflash", "--endpoint", "http://127.0.0.1:9",
       "--plain_endpoint", "http://127.0.0.1:9"], "timed on servers launched here, not with --endpoint"),
 ])  # fmt: skip

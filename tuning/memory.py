@@ -105,7 +105,7 @@ def check(
     import torch
 
     if cfg is None:
-        print("memory plan: none (not an EAGLE-3 drafter: the plan models EAGLE-3's TTT steps)", file=sys.stderr)
+        print("memory plan: none (not an EAGLE-3 drafter: the plan models EAGLE-3's TTT steps)")  # said, not an error
         return None
 
     quiet_import_deepspeed()  # training imports it: its memory is part of the runtime planned
@@ -128,7 +128,7 @@ def check(
     result = max(plans, key=lambda p: p.per_rank)
     if not result.fits:
         raise BadInput(f"{result.refusal()} (--memory_limit_gib overrides what it sees)")
-    print(f"memory plan: {result.describe()}: fits", file=sys.stderr)
+    print(f"memory plan: {result.describe()}: fits")  # said, not an error: a refusal after it stays one line
     return result
 
 

@@ -119,7 +119,7 @@ class FinetuneRecipe:
 
         r = self.request
         self.storage_url = studies.storage_url(r.storage or studies.default_storage())
-        self.study_name = r.study or f"finetune-{r.init.replace('/', '_')}-{self.dataset.digest[:10]}"
+        self.study_name = r.study or f"finetune-{r.init.replace('/', '_')}{arch_part(r)}-{self.dataset.digest[:10]}"
         self.study, self.sampler_seed, self.created = None, None, False
         if self.rank0:
             optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -205,3 +205,17 @@ class FinetuneRecipe:
                                  self.init_digest)  # fmt: skip
         finally:
             shutil.rmtree(fetched, ignore_errors=True)
+
+
+def arch_part(r: Any) -> str:
+    """From scratch, the study is also the architecture's: another --arch on the same data is another study (its
+    config.json's digest), never a resumed one that trained a network of another shape or method."""
+    if r.init != "scratch":
+        return ""
+    import hashlib
+
+    path = Path(r.arch) / "config.json" if Path(r.arch).is_dir() else Path(r.arch)
+    try:
+        return "-" + hashlib.sha256(path.read_bytes()).hexdigest()[:8]
+    except OSError:
+        return ""  # prepare_init has refused it, naming the file

@@ -23,7 +23,7 @@ def prepare_init(init: str, dataset: Any, arch: str):
         path = Path(arch) / "config.json" if Path(arch).is_dir() else Path(arch)
         other = config_file_method(path)
         if other is not None:  # another draft method's network, built fresh in each trial (tuning/trial.py)
-            _reads_fit(arch, *other[0].config_reads(other[1]), dataset)
+            _scratch_fits(arch, *other, dataset)
             return None, other[1], None
         cfg = DrafterConfig.from_file(path)
         check_fit(cfg, dataset)
@@ -56,6 +56,17 @@ def prepare_init(init: str, dataset: Any, arch: str):
     check_fit(model.config, dataset)
     attach_target_embedding(model, dataset)
     return model, model.config, mv
+
+
+def _scratch_fits(arch: str, method: Any, cfg: Any, dataset: Any) -> None:
+    """Before any trial or run: the layers and width it reads are the dataset's, and the method's own checks of a
+    config against the dataset (method.check_scratch: its gate's rules, what it borrows from the target) hold; bad
+    input in one line naming --arch, nothing trained or registered."""
+    _reads_fit(arch, *method.config_reads(cfg), dataset)
+    try:
+        method.check_scratch(cfg, dataset)
+    except BadInput as exc:
+        raise BadInput(f"--arch {arch}: {exc}") from None
 
 
 def _reads_fit(what: str, layers: list[int], hidden: int, dataset: Any) -> None:
@@ -109,7 +120,7 @@ def register_best(
     with store.registry_lock():
         if not _exists(c, name):
             store.ensure_registered_model(c, name, target)
-        same = store.find_complete_version(c, name, store.weights_sha256(hashes))
+        same = store.find_complete_version(c, name, store.weights_sha256(hashes), hashes.get("config.json", ""))
         if same is None:
             return _register(c, folder, name, parent, dataset, trial, alias, run_id, hashes, target, init_digest)
     # another worker of the same study registered this trial already: the alias still follows the

@@ -230,6 +230,13 @@ def passed(checks: list[Check]) -> bool:
     return all(c.ok is not False for c in checks)
 
 
+def require_passed(checks: list[Check], refusal: str) -> None:
+    """Bad input (`refusal: what differs`, one line) unless nothing failed."""
+    if not passed(checks):
+        bad = "; ".join(f"{c.name}: expected {c.expected}, got {c.actual}" for c in checks if c.ok is False)
+        raise BadInput(f"{refusal}: {bad}")
+
+
 def verdict(checks: list[Check]) -> str:
     """`failed`, `passed-config-only` (nothing failed, a required check not made) or `passed`."""
     if not passed(checks):

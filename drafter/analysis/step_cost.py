@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.errors import BadInput
 from drafter.formats.checkpoint import EMBED, expected_tensors
 from drafter.model.config import DrafterConfig
 
@@ -60,9 +61,14 @@ def folder_step_cost(folder: str | Path) -> StepCost:
 def priced_for_folder(profile: Any, folder: str | Path) -> tuple[Any, Any, str]:
     """(the profile shaped for the drafter's method, that view priced at what its pass reads, the sentence that says
     so): every decision prices a drafter this one way (serving.cost.priced_for; Profile.shaped)."""
-    from drafter.methods import folder_method_or_default
+    from drafter.methods import DEFAULT, METHODS, folder_method_or_default
     from serving.cost import priced_for
 
+    unknown = sorted({n for op in profile.operating_points for n, _ in op.method_cycles} - {m.NAME for m in METHODS})
+    if unknown:  # a misspelt method would leave its drafters priced by shape, silently
+        known = ", ".join(m.NAME for m in METHODS)
+        raise BadInput(f"profile {profile.name}: method_cycle_ms_measured names {', '.join(unknown)}, not a draft "
+                       f"method other than {DEFAULT.NAME} (known: {known})")  # fmt: skip
     method = folder_method_or_default(folder)
     shaped = profile.shaped(method.SHAPE, method.NAME)
     priced, said = priced_for(shaped, folder_step_cost(folder).per_step)

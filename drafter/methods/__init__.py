@@ -2,15 +2,13 @@
 default, and the others, found by their config.
 
 Every method module gives `NAME`, `LABEL` (as a user writes it), `VLLM_METHOD` and `SGLANG_ALGORITHM` (the
-engines' names for it), `SHAPE` (chain or block),
-`drafter_passes(k)` (what its cycle costs in drafter passes), `reads` (the target layers and width it reads),
-`fit_checks` (the gate's checks against a target),
-`check_width`, `load` and `offline_stats`; `VLLM_FLAGS` (beside `method` in vLLM's speculative config) and
-`SGLANG_REFUSAL` where SGLang cannot serve it (`SGLANG_ALGORITHM` None). The others also give
-`detect(raw config) -> bool`, `owns(model) -> bool`, `train` and `held_out` (finetune's trial), `read_config`
-(every field checked) and `CONFIG` (the class it returns), `scratch` and `config_reads` (finetune from scratch),
-`checked_header`, `pass_parameters`,
-`save` and `export_for` (their makers' layout). EAGLE-3 is read by drafter/formats and gated by
+engines' names for it), `SHAPE` (chain or block), `drafter_passes(k)` (what its cycle costs in drafter passes),
+`reads` (the target layers and width it reads), `fit_checks` (the gate's checks against a target), `check_width`,
+`load` and `offline_stats`; `VLLM_FLAGS` (beside `method` in vLLM's speculative config) and `SGLANG_REFUSAL` where
+SGLang cannot serve it (`SGLANG_ALGORITHM` None). The others also give `detect(raw config) -> bool`,
+`owns(model) -> bool`, `train` and `held_out` (finetune's trial), `read_config` (every field checked) and `CONFIG`
+(the class it returns), `scratch`, `check_scratch` and `config_reads` (finetune from scratch), `checked_header`,
+`pass_parameters`, `save` and `export_for` (their makers' layout). EAGLE-3 is read by drafter/formats and gated by
 drafter/analysis/compat.
 """
 
@@ -106,9 +104,6 @@ def sglang_algorithm(m: ModuleType) -> str:
 def require_fit(folder: str | Path, target: str | Path, refusal: str) -> None:
     """The shape gate's checks from headers, by the drafter's own method: bad input (`refusal: what differs`) when
     the drafter cannot run on the target, so nothing is measured or exported with a drafter that does not fit."""
-    from drafter.analysis.compat import passed
+    from drafter.analysis.compat import require_passed
 
-    checks = folder_method_or_default(folder).fit_checks(Path(folder), target)
-    if not passed(checks):
-        bad = "; ".join(f"{c.name}: expected {c.expected}, got {c.actual}" for c in checks if c.ok is False)
-        raise BadInput(f"{refusal}: {bad}")
+    require_passed(folder_method_or_default(folder).fit_checks(Path(folder), target), refusal)

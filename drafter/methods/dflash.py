@@ -173,15 +173,31 @@ def config_reads(c: DFlashConfig) -> tuple[list[int], int]:
     return list(c.target_layer_ids), int(c.hidden_size)
 
 
+def check_scratch(c: DFlashConfig, dataset: Any) -> None:
+    """The gate's rules for the config against the dataset's target (there are no weights yet), and the dataset
+    holds the target's embedding and head at the drafter's [vocab, hidden]: it borrows both."""
+    from drafter.analysis.compat import require_passed, target_facts
+
+    target = str((getattr(dataset, "index", None) or {}).get("target", ""))
+    if target:
+        t = target_facts(target).config
+        require_passed(rules(c, t.hidden_size, t.vocab_size, t.num_hidden_layers, None),
+                       f"this DFlash config does not fit the dataset's target {target}")  # fmt: skip
+    embedding, head = dataset.target_embedding(), dataset.target_head()  # no head: bad input naming the file
+    want = (c.vocab_size, c.hidden_size)
+    if embedding is None or tuple(embedding.shape) != want or tuple(head.shape) != want:
+        got = "no embedding" if embedding is None else f"embedding {list(embedding.shape)}, head {list(head.shape)}"
+        raise BadInput(f"{getattr(dataset, 'folder', 'the dataset')}: a DFlash drafter borrows the target's "
+                       f"embedding and head at {list(want)}; the dataset carries {got}")  # fmt: skip
+
+
 def scratch(c: DFlashConfig, dataset: Any, train_indices: list[int], seed: int = 0) -> Any:  # noqa: ARG001
     """A DFlash drafter of this config with random weights (N(0, 0.02), norms at 1, as Qwen3 starts) over the
     dataset's target embedding and head (finetune --init scratch --arch <a DFlash config>)."""
     from drafter.model.dflash import DFlashDrafter
 
-    embedding, head = dataset.target_embedding(), dataset.target_head()
-    if embedding is None or head is None:
-        raise BadInput("the dataset carries no target embedding and head (a DFlash drafter borrows both)")
-    model = DFlashDrafter(c, embedding.float(), head.float())
+    check_scratch(c, dataset)
+    model = DFlashDrafter(c, dataset.target_embedding().float(), dataset.target_head().float())
     model.init_weights(seed)
     return model
 

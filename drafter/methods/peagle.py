@@ -149,6 +149,21 @@ def config_reads(c: PEagleConfig) -> tuple[list[int], int]:
     return list(c.aux_layer_ids), int(c.base.target_hidden)
 
 
+def check_scratch(c: PEagleConfig, dataset: Any) -> None:
+    """What EAGLE-3's scratch drafter needs of the dataset (its layers, vocabulary and the target's embedding)."""
+    from drafter.train.loop import check_fit
+
+    check_fit(c.base, dataset)  # layers, width and vocabulary: the dataset's target's
+    if c.mask_token_id >= c.base.vocab_size:
+        raise BadInput(f"P-EAGLE mask_token_id {c.mask_token_id} is not a token of the {c.base.vocab_size}-token "
+                       "vocabulary")  # fmt: skip
+    embedding = dataset.target_embedding()
+    if embedding is None or tuple(embedding.shape) != (c.base.vocab_size, c.base.hidden_size):
+        got, want = "none" if embedding is None else list(embedding.shape), [c.base.vocab_size, c.base.hidden_size]
+        raise BadInput(f"{getattr(dataset, 'folder', 'the dataset')}: a P-EAGLE drafter from scratch reads the "
+                       f"target's embedding at {want}; the dataset carries {got}")  # fmt: skip
+
+
 def scratch(c: PEagleConfig, dataset: Any, train_indices: list[int], seed: int = 0) -> Any:
     """A P-EAGLE drafter of this config with random weights, its draft vocabulary from the training data's token
     counts and the target's embedding, as an EAGLE-3 drafter from scratch (finetune --init scratch)."""

@@ -100,11 +100,17 @@ class DFlashConfig:
         eps = raw.get("rms_norm_eps", 1e-6)
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
             raise BadInput(f"{where}: 'rms_norm_eps' is {eps!r}, not a number between 0 and 1")
+        kv = whole("num_key_value_heads", raw.get("num_key_value_heads", heads))
+        if heads % kv:
+            raise BadInput(f"{where}: 'num_attention_heads' {heads} is not a multiple of 'num_key_value_heads' {kv}")
+        act = raw.get("hidden_act", "silu")
+        if act != "silu":  # Qwen3's SwiGLU, as z-lab's layers and vLLM's run them
+            raise BadInput(f"{where}: 'hidden_act' is {act!r}; a DFlash layer runs 'silu'")
         return cls(
             hidden_size=hidden,
             num_hidden_layers=layers,
             num_attention_heads=heads,
-            num_key_value_heads=whole("num_key_value_heads", raw.get("num_key_value_heads", heads)),
+            num_key_value_heads=kv,
             head_dim=whole("head_dim", head_dim),
             intermediate_size=whole("intermediate_size", raw.get("intermediate_size")),
             vocab_size=whole("vocab_size", raw.get("vocab_size")),

@@ -177,13 +177,15 @@ def cache_dir() -> Path:
     return Path(os.environ.get("DRAFTEROPS_CACHE", Path.home() / ".cache" / "drafterops" / "registry"))
 
 
-def find_complete_version(c: Any, name: str, sha: str):
-    """A complete version whose weights are these (`sha`): the tag narrows the search, the files decide (a tag
-    edited onto another version finds nothing)."""
+def find_complete_version(c: Any, name: str, sha: str, config_sha: str | None = None):
+    """A complete version whose weights are these (`sha`), and whose config.json is this one where `config_sha` is
+    given (the same weights under another config are another drafter): the tag narrows the search, the files
+    decide (a tag edited onto another version finds nothing)."""
     for mv in c.search_model_versions(f"name={naming.quote_filter_value(name)}"):
         if mv.tags.get(naming.TAG_SHA256) == sha and mv.tags.get(naming.TAG_COMPLETE) == "true":
             folder = local_folder(c, mv) or download_version(f"models:/{mv.name}/{mv.version}").folder
-            if weights_sha256(file_hashes(folder)) == sha:
+            hashes = file_hashes(folder)
+            if weights_sha256(hashes) == sha and (config_sha is None or hashes.get("config.json") == config_sha):
                 return mv
     return None
 
