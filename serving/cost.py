@@ -39,7 +39,7 @@ def priced_for(profile: Profile, step_params: int) -> tuple[Profile, str]:
     proportion to them, so where the profile records what its timed drafter's step read and this one reads
     more, draft_step_ms (at every operating point, and the timed cycles' draft part) grows by the ratio.
     Never priced down: a cheaper step is credited only by timing it (calibrate with that drafter)."""
-    if profile.method_cycle_points or any(op.method_points() for op in profile.operating_points):
+    if any(op.method_points() for op in profile.operating_points):  # timed with another drafter of its method
         return profile, (
             f"not priced by drafter size: its {profile.draft_method} cycles in profile {profile.name} "
             "are those calibrate timed with another drafter of its method (time the one you serve)"

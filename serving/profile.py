@@ -79,10 +79,19 @@ class Profile:
     # what the production watch does about a drop (registry/watch.Policy's fields): action, tolerance, ...
     watch: dict = field(default_factory=dict, compare=False)
     # the cycle shape and method of the drafter this view prices (drafter/methods): set by `shaped`, never in the
-    # digest; method_cycle_points: that method's own timed cycles by width at this view's point (calibrate)
+    # digest
     draft_shape: str = "chain"
     draft_method: str = ""
-    method_cycle_points: tuple[tuple[int, float], ...] = field(default=())
+
+    @property
+    def method_cycle_points(self) -> tuple[tuple[int, float], ...]:
+        """The priced method's own timed cycles by width at this view's point (the primary point's on the profile
+        itself); none where calibrate did not time that method there."""
+        if not self.operating_points:
+            return ()
+        if self.concurrency is None:
+            return primary(self.operating_points).method_points()
+        return next((op.method_points() for op in self.operating_points if op.concurrency == self.concurrency), ())
 
     @property
     def cycle_ms(self) -> float:
@@ -98,11 +107,7 @@ class Profile:
         if shape not in ("chain", "block"):
             raise ValueError(f"unknown cycle shape {shape!r}")
         ops = tuple(replace(op, draft_shape=shape, draft_method=method) for op in self.operating_points)
-        if self.concurrency is None:  # the profile's headline figures are its primary point's
-            head = primary(ops).method_points() if ops else ()
-        else:  # a view at one point: that point's own
-            head = next((op.method_points() for op in ops if op.concurrency == self.concurrency), ())
-        return replace(self, draft_shape=shape, draft_method=method, operating_points=ops, method_cycle_points=head)
+        return replace(self, draft_shape=shape, draft_method=method, operating_points=ops)
 
     def method_timed(self) -> bool:
         """Whether this view's method was timed by calibrate (its break-even its own cycles'), not shape-priced."""
@@ -119,8 +124,7 @@ class Profile:
     def at(self, op: OperatingPoint) -> Profile:
         """This profile as served at one operating point (its plain speed and cycle costs)."""
         return replace(self, baseline_tps=op.plain_tps, verify_ms=op.verify_ms, draft_step_ms=op.draft_step_ms,
-                       cycle_points=op.cycle_ms_measured, concurrency=op.concurrency,
-                       method_cycle_points=op.method_points())  # fmt: skip
+                       cycle_points=op.cycle_ms_measured, concurrency=op.concurrency)  # fmt: skip
 
     def serving_points(self) -> list[Profile]:
         """One view per operating point that carries traffic (the profile itself when it names none)."""
@@ -156,7 +160,6 @@ class Profile:
             "watch",
             "draft_shape",
             "draft_method",
-            "method_cycle_points",
         }
         out: dict[str, object] = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
         out["workload"] = [c.identity() for c in self.workload]

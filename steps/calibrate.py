@@ -115,14 +115,15 @@ def parse(args: argparse.Namespace) -> Request:
     rounds = integer(args.rounds, "rounds", 1, MAX_ROUNDS)
     named = none_if_empty(args.method_drafters) or ""
     method_drafters = tuple(d.strip() for d in named.split(",") if d.strip())
-    if named and not method_drafters or method_drafters and endpoints:
-        raise BadInput(f"--method_drafters {named!r} names no drafter" if not method_drafters else
-                       "--method_drafters are timed on servers launched here, not with --endpoint")  # fmt: skip
+    if named and not method_drafters:
+        raise BadInput(f"--method_drafters {named!r} names no drafter")
+    if method_drafters and endpoints:
+        raise BadInput("--method_drafters are timed on servers launched here, not with --endpoint")
     widths = tuple(integers(args.method_widths, "method_widths", 1, MAX_CONCURRENCY))
     command = " ".join(shlex.quote(a) for a in ["python", "-m", "steps.calibrate", *sys.argv[1:]])
     return Request(args.target, args.drafter, args.prompts, args.draft_steps, loads, shares, limit, max_new, rounds,
                    out, source, endpoints, plain_url, args.serve_draft_steps, none_if_empty(args.engine_python),
-                   args.synthetic == "yes", command, method_drafters, widths if method_drafters else ())  # fmt: skip
+                   args.synthetic == "yes", command, method_drafters, widths)  # fmt: skip
 
 
 def progress_bar(shown: bool, steps: int):
@@ -143,8 +144,6 @@ def progress_bar(shown: bool, steps: int):
 
 def publish(args: argparse.Namespace, request: Request, t: Timings, cal: Calibration, profile) -> None:
     """The run: params, each operating point's figures, the record, the profile, the figure and the logs."""
-    # deferred: torch comes with these, and --help or refused input needs none of it
-
     import mlflow  # deferred: seconds to import, and --help needs none of it
 
     loads, out, depths, ops = request.loads, request.out, cal.depths, cal.ops
@@ -171,8 +170,6 @@ def publish(args: argparse.Namespace, request: Request, t: Timings, cal: Calibra
 
 
 def report_here(request: Request, t: Timings, cal: Calibration) -> None:
-    # deferred: torch comes with these, and --help or refused input needs none of it
-
     print("\n".join(report.table(cal.ops, cal.depths)))
     for line in cal.warnings:
         print(f"calibrate: warning: {line}", file=sys.stderr)

@@ -19,7 +19,9 @@ def init_config(init: str, arch: str) -> DrafterConfig | None:
     """The drafter config `init` names, reading config.json only (no weights); None for another draft method
     (a warm start or from scratch), whose one-pass trial the plan does not model (drafter/train/one_pass.py)."""
     if init == "scratch":
-        return _eagle3_config(Path(arch) / "config.json" if Path(arch).is_dir() else Path(arch), init)
+        from tuning.register import arch_config_path
+
+        return _eagle3_config(arch_config_path(arch), init)
     if init.startswith("models:/"):
         from registry.access import store
 
@@ -43,18 +45,10 @@ def init_config(init: str, arch: str) -> DrafterConfig | None:
 def _eagle3_config(path: Path, init: str) -> DrafterConfig | None:  # noqa: ARG001
     """The EAGLE-3 config at `path`; None for another draft method's (its trial trains on DeepSpeed with the
     method's own objective, drafter/train/one_pass.py, and the memory plan models EAGLE-3's TTT only)."""
-    import json
+    from drafter.methods import config_file_method
 
-    from drafter.methods import method_of
-
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        raw = None  # DrafterConfig.from_file says what is wrong with it, naming the file
-    other = method_of(raw) if isinstance(raw, dict) else None
-    if other is not None:
-        return None
-    return DrafterConfig.from_file(path)
+    # an unreadable file is EAGLE-3's to refuse: DrafterConfig.from_file says what is wrong with it, naming the file
+    return None if config_file_method(path) is not None else DrafterConfig.from_file(path)
 
 
 def _whole(value: Any, where: str) -> int:

@@ -214,8 +214,9 @@ def arch_part(r: Any) -> str:
         return ""
     import hashlib
 
-    path = Path(r.arch) / "config.json" if Path(r.arch).is_dir() else Path(r.arch)
+    from tuning.register import arch_config_path
+
     try:
-        return "-" + hashlib.sha256(path.read_bytes()).hexdigest()[:8]
+        return "-" + hashlib.sha256(arch_config_path(r.arch).read_bytes()).hexdigest()[:8]
     except OSError:
         return ""  # prepare_init has refused it, naming the file

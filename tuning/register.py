@@ -20,7 +20,7 @@ def prepare_init(init: str, dataset: Any, arch: str):
     from drafter.train.loop import attach_target_embedding, check_fit
 
     if init == "scratch":
-        path = Path(arch) / "config.json" if Path(arch).is_dir() else Path(arch)
+        path = arch_config_path(arch)
         other = config_file_method(path)
         if other is not None:  # another draft method's network, built fresh in each trial (tuning/trial.py)
             _scratch_fits(arch, *other, dataset)
@@ -56,6 +56,11 @@ def prepare_init(init: str, dataset: Any, arch: str):
     check_fit(model.config, dataset)
     attach_target_embedding(model, dataset)
     return model, model.config, mv
+
+
+def arch_config_path(arch: str) -> Path:
+    """The config file `--arch` names: a folder's config.json, or the file itself."""
+    return Path(arch) / "config.json" if Path(arch).is_dir() else Path(arch)
 
 
 def _scratch_fits(arch: str, method: Any, cfg: Any, dataset: Any) -> None:

@@ -23,7 +23,7 @@ from torch import nn
 from common.errors import BadInput
 from drafter.model.config import MAX_DRAFT_LAYERS
 from drafter.model.eagle3 import Rotary, apply_rope
-from drafter.model.lean_ops import RMSNorm, swiglu
+from drafter.model.lean_ops import RMSNorm, normal_init, swiglu
 from drafter.model.rope import RopeSpec, rope_from_config
 
 
@@ -222,11 +222,7 @@ class DFlashDrafter(nn.Module):
     def init_weights(self, seed: int = 0, std: float = 0.02) -> None:
         """Random init for training from scratch: N(0, std), norms at 1 (the borrowed embedding and head are
         buffers, untouched)."""
-        gen = torch.Generator().manual_seed(seed)
-        norms = {f"{name}.weight" for name, m in self.named_modules() if isinstance(m, RMSNorm)}
-        with torch.no_grad():
-            for name, p in self.named_parameters():
-                p.copy_(torch.ones_like(p) if name in norms else torch.randn(p.shape, generator=gen) * std)
+        normal_init(self, seed, std)
 
     @property
     def block_size(self) -> int:

@@ -23,7 +23,7 @@ from torch import nn
 from drafter.model import compiled
 from drafter.model.config import DrafterConfig
 from drafter.model.flex_ttt import flex_ttt_attention
-from drafter.model.lean_ops import RMSNorm, swiglu
+from drafter.model.lean_ops import RMSNorm, normal_init, swiglu
 from drafter.model.mla import MLAAttention
 from drafter.model.rope import RopeSpec
 from drafter.model.ttt_attention import KeyRule, blockwise_ttt_attention
@@ -209,17 +209,9 @@ class Eagle3Drafter(nn.Module):
 
     # ------------------------------------------------------------------ helpers
     def init_weights(self, seed: int = 0, std: float = 0.02) -> None:
-        """Random init for training from scratch (never used when loading a checkpoint)."""
-        gen = torch.Generator().manual_seed(seed)
-        norms = {f"{name}.weight" for name, m in self.named_modules() if isinstance(m, RMSNorm)}
-        for name, p in self.named_parameters():
-            if name == "embed_tokens.weight":
-                continue
-            with torch.no_grad():
-                if name in norms:
-                    p.fill_(1.0)
-                else:
-                    p.copy_(torch.randn(p.shape, generator=gen) * std)
+        """Random init for training from scratch (never used when loading a checkpoint); the embedding is the
+        target's, attached after."""
+        normal_init(self, seed, std, keep=("embed_tokens.weight",))
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

@@ -91,3 +91,18 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)  # keeps x and one fp32 number per position for backward
+
+
+def normal_init(model: nn.Module, seed: int = 0, std: float = 0.02, keep: tuple[str, ...] = ()) -> None:
+    """Random init for training from scratch, one seeded draw per parameter in order: N(0, std), every RMSNorm's
+    weight at 1, the parameters named in `keep` (a borrowed embedding) left as they are."""
+    gen = torch.Generator().manual_seed(seed)
+    norms = {f"{name}.weight" for name, m in model.named_modules() if isinstance(m, RMSNorm)}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name in keep:
+                continue
+            if name in norms:
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
