@@ -178,3 +178,22 @@ def test_a_step_run_here_writes_to_its_own_store_after_a_test_set_mlflows_uri(tm
         "k2.5-mini-dflash"
     ]
     assert MlflowClient(elsewhere).search_registered_models() == []
+
+
+def test_a_version_is_reused_for_the_same_weights_only_under_the_same_config(tmp_path):
+    """The same weights re-saved under another config.json are another drafter: finetune's registration (which
+    passes the config's digest) finds no version to reuse for them, so an alias never moves onto a config that was
+    not the one trained; the weights alone still find the version (import's reuse)."""
+    from mlflow import MlflowClient
+
+    from registry.access import store
+
+    res = run_step("import_drafter", ["--source", str(MINIWORLD / "zl-mini-dflash"), "--target", str(K25)], tmp_path,
+                   here=True)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    c = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    hashes = store.file_hashes(MINIWORLD / "zl-mini-dflash")
+    sha, config_sha = store.weights_sha256(hashes), hashes["config.json"]
+    assert str(store.find_complete_version(c, "k2.5-mini-dflash", sha, config_sha).version) == "1"
+    assert str(store.find_complete_version(c, "k2.5-mini-dflash", sha).version) == "1"
+    assert store.find_complete_version(c, "k2.5-mini-dflash", sha, "0" * 64) is None
